@@ -1,0 +1,1 @@
+"""Code shared by more than one taskgate process."""

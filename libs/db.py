@@ -1,0 +1,128 @@
+"""Database access shared by the services that own a database.
+
+SQLite (WAL) by default, PostgreSQL when the URL says so. Each service keeps its
+own ordered list of migrations; ``migrate`` applies the missing ones, each in one
+transaction together with its row in ``schema_migrations``. All database work of a
+service runs through ``Database.run`` on a small thread pool, never on the event
+loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlmodel import Session
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    # Portable DDL: runs unchanged on SQLite and PostgreSQL.
+    statements: Sequence[str]
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def make_engine(url: str) -> Engine:
+    if is_sqlite(url):
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy, not the sqlite3 module, decide where transactions
+            # begin, so DDL is transactional too.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            # Take the write lock up front: a deferred transaction that later
+            # writes can fail with SQLITE_BUSY instead of waiting.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+
+
+def migrate(engine: Engine, migrations: Sequence[Migration]) -> list[int]:
+    """Apply missing migrations in order; returns the versions applied now."""
+    versions = [m.version for m in migrations]
+    if versions != sorted(set(versions)):
+        raise ValueError("migration versions must be unique and ascending")
+    applied_now: list[int] = []
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            # Several replicas starting at once migrate one after another.
+            conn.execute(text("SELECT pg_advisory_xact_lock(7215502)"))
+        conn.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+            )
+        )
+        done = {row[0] for row in conn.execute(text("SELECT version FROM schema_migrations"))}
+        for m in migrations:
+            if m.version in done:
+                continue
+            for stmt in m.statements:
+                conn.execute(text(stmt))
+            conn.execute(
+                text("INSERT INTO schema_migrations (version, name, applied_at) VALUES (:v, :n, :t)"),
+                {"v": m.version, "n": m.name, "t": int(time.time() * 1000)},
+            )
+            applied_now.append(m.version)
+    return applied_now
+
+
+class Database:
+    """An engine plus the executor its blocking calls run on."""
+
+    def __init__(self, url: str, migrations: Sequence[Migration] = ()) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.migrations = migrations
+        # SQLite has one writer at a time: one thread avoids lock waits inside
+        # the process. PostgreSQL gets a few.
+        workers = 1 if is_sqlite(url) else 4
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="db")
+
+    def migrate(self) -> list[int]:
+        return migrate(self.engine, self.migrations)
+
+    def session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    async def run(self, fn: Callable[[Session], T]) -> T:
+        """Run ``fn`` in one transaction on the database thread; commit on success."""
+
+        def work() -> T:
+            with self.session() as session, session.begin():
+                return fn(session)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.engine.dispose()

@@ -1,0 +1,99 @@
+"""Reading the Linux process table from /proc, one pass at a time.
+
+The kernel start time of a process (``/proc/<pid>/stat`` field 22, clock ticks
+since boot) is its identity fence: a pid whose start time differs from the one
+recorded is another process, whatever its number.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+DEAD_STATES = frozenset({"Z", "X", "x"})
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    start_time: int
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in DEAD_STATES
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode("utf-8", "replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    rest = data[data.rindex(")") + 2 :].split()
+    return ProcStat(
+        pid=pid,
+        state=rest[0],
+        ppid=int(rest[1]),
+        pgid=int(rest[2]),
+        sid=int(rest[3]),
+        start_time=int(rest[19]),
+    )
+
+
+def start_time_of(pid: int) -> int | None:
+    stat = read_stat(pid)
+    return stat.start_time if stat and stat.alive else None
+
+
+def identity_matches(pid: int, start_time: int) -> bool:
+    """True while ``pid`` is alive and is still the process started at ``start_time``."""
+    return start_time_of(pid) == start_time
+
+
+def process_table() -> dict[int, ProcStat]:
+    table: dict[int, ProcStat] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = read_stat(int(name))
+            if stat is not None:
+                table[stat.pid] = stat
+    return table
+
+
+def children_map(table: dict[int, ProcStat]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for stat in table.values():
+        children[stat.ppid].append(stat.pid)
+    return children
+
+
+def live_descendants(
+    table: dict[int, ProcStat], root_pid: int, children: dict[int, list[int]] | None = None
+) -> list[ProcStat]:
+    """Live processes below ``root_pid`` (not including it), from one table snapshot."""
+    children = children if children is not None else children_map(table)
+    found: list[ProcStat] = []
+    stack = list(children.get(root_pid, ()))
+    seen: set[int] = set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        stat = table.get(pid)
+        if stat is None:
+            continue
+        if stat.alive:
+            found.append(stat)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def live_group_members(table: dict[int, ProcStat], pgid: int) -> list[ProcStat]:
+    return [s for s in table.values() if s.pgid == pgid and s.alive]

@@ -1,0 +1,153 @@
+"""One typed settings object for every taskgate process.
+
+Sources, later ones winning: built-in defaults, the operator TOML file named by
+``TASKGATE_CONFIG`` (or ``config/default.toml`` of the repository), then
+environment variables prefixed ``TASKGATE_``. ``TASKGATE_<FIELD>`` sets a top-level
+field; ``TASKGATE_TASKS_<NAME>`` sets ``[tasks] <name>``. Built once in each
+``__main__`` from an injectable mapping; nothing reads the environment at import.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "config" / "default.toml"
+ENV_PREFIX = "TASKGATE_"
+
+
+class SettingsError(Exception):
+    """Configuration that cannot be used; the message lists every problem."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TaskSettings(_Frozen):
+    max_running: int = Field(4, ge=1, le=1024)
+    idle_timeout_ms: int = Field(300_000, ge=0)
+    first_report_timeout_ms: int = Field(120_000, ge=0)
+    progress_stale_limit_ms: int = Field(7_200_000, ge=0)
+    max_duration_ms: int = Field(0, ge=0)
+    background_grace_ms: int = Field(900_000, ge=0)
+    cancel_grace_ms: int = Field(5_000, ge=0)
+    # How long after SIGKILL the scheduler looks for proof that the tree is gone.
+    cleanup_confirm_ms: int = Field(3_000, ge=0)
+    observation_interval_ms: int = Field(15_000, ge=50)
+    # Period of the one supervisor loop (timers and descendant recording).
+    supervisor_interval_ms: int = Field(1_000, ge=10)
+    recent_tools: int = Field(20, ge=1, le=1000)
+    observed_paths: int = Field(200, ge=1, le=10_000)
+
+    @classmethod
+    def _aliases(cls, raw: dict[str, Any]) -> dict[str, Any]:
+        # `default_timeout_ms` is the documented alias of the idle (inspection) threshold.
+        if "default_timeout_ms" in raw:
+            raw = dict(raw)
+            alias = raw.pop("default_timeout_ms")
+            raw.setdefault("idle_timeout_ms", alias)
+        return raw
+
+
+class WorkerProfile(_Frozen):
+    command: list[str] = Field(min_length=1)
+    harness: str | None = None
+    harness_model: str | None = None
+    # Working directory; default is the agent's workspace folder.
+    workspace: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    # The worker uses the SDK and must make first contact within first_report_timeout_ms.
+    uses_sdk: bool = False
+
+    @field_validator("command")
+    @classmethod
+    def _no_empty_words(cls, v: list[str]) -> list[str]:
+        if any(not w for w in v):
+            raise ValueError("command words must not be empty")
+        return v
+
+
+class AgentConfig(_Frozen):
+    workspace: str | None = None
+    orchestration_enabled: bool = True
+
+
+class Settings(_Frozen):
+    data_dir: Path = Path("var")
+    scheduler_addr: str = "127.0.0.1:50051"
+    pending_addr: str = "127.0.0.1:50052"
+    telemetry_addr: str = "127.0.0.1:50053"
+    notifier_addr: str = "127.0.0.1:50054"
+    http_addr: str = "127.0.0.1:8080"
+    # Empty means SQLite under data_dir.
+    scheduler_db_url: str = ""
+    pending_db_url: str = ""
+    notifier_db_url: str = ""
+    gateway_db_url: str = ""
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    rpc_timeout_ms: int = Field(10_000, ge=100)
+    max_body_bytes: int = Field(256 * 1024, ge=1024)
+    config_path: Path | None = None
+    tasks: TaskSettings = Field(default_factory=TaskSettings)  # type: ignore[arg-type]
+    workers: dict[str, WorkerProfile] = Field(default_factory=dict)
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
+
+    @field_validator("scheduler_addr", "pending_addr", "telemetry_addr", "notifier_addr", "http_addr")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"expected HOST:PORT, got {v!r}")
+        return v
+
+    def db_url(self, service: str) -> str:
+        url: str = getattr(self, f"{service}_db_url")
+        return url or f"sqlite:///{(self.data_dir / f'{service}.db').resolve()}"
+
+    def agent(self, agent_id: str) -> AgentConfig:
+        return self.agents.get(agent_id, AgentConfig())
+
+    def agent_workspace(self, agent_id: str) -> Path:
+        configured = self.agent(agent_id).workspace
+        return Path(configured) if configured else (self.data_dir / "workspaces" / agent_id).resolve()
+
+
+def load_settings(environ: Mapping[str, str]) -> Settings:
+    """Build and validate settings; raises SettingsError naming each bad value."""
+    config_path = Path(environ["TASKGATE_CONFIG"]) if environ.get("TASKGATE_CONFIG") else DEFAULT_CONFIG
+    raw: dict[str, Any] = {}
+    if config_path.exists():
+        try:
+            raw = tomllib.loads(config_path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"cannot read config {config_path}: {exc}") from exc
+    elif environ.get("TASKGATE_CONFIG"):
+        raise SettingsError(f"TASKGATE_CONFIG names {config_path}, which does not exist")
+    raw["config_path"] = str(config_path) if config_path.exists() else None
+    tasks = TaskSettings._aliases(dict(raw.get("tasks", {})))
+    top_fields = set(Settings.model_fields) - {"tasks", "workers", "agents", "config_path"}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        # pydantic converts the strings; other TASKGATE_* names (the worker
+        # contract, the CLI's URL and key) are not service settings.
+        if name.startswith("tasks_"):
+            tasks[name[len("tasks_"):]] = value
+        elif name in top_fields:
+            raw[name] = value
+    raw["tasks"] = tasks
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise SettingsError(f"invalid configuration ({config_path}): {problems}") from exc

@@ -1,0 +1,142 @@
+"""The worker SDK: what a worker process uses to talk to taskgate.
+
+    from libs.worker_sdk import Worker
+    w = Worker.from_env()
+    w.progress("reading the repository")
+    w.result("done")
+
+Synchronous on purpose: workers are ordinary scripts. Every call carries the
+per-attempt worker token; transient unavailability is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+
+TOKEN_METADATA_KEY = "x-taskgate-worker-token"
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+T = TypeVar("T")
+
+
+class WorkerError(Exception):
+    """A report the scheduler refused (bad token, finished task, bad input)."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    task_id: str
+    attempt_id: str
+    title: str
+    instructions: str
+    resume: bool
+    last_progress: str
+
+
+class Worker:
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        token: str,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 5,
+    ) -> None:
+        self._stub = pb_grpc.WorkerServiceStub(channel)
+        self._channel = channel
+        self._metadata = ((TOKEN_METADATA_KEY, token),)
+        self._timeout_s = timeout_s
+        self._retries = retries
+        response = self._call(self._stub.GetAssignment, pb.GetAssignmentRequest())
+        self.assignment = Assignment(
+            task_id=response.task_id,
+            attempt_id=response.attempt_id,
+            title=response.title,
+            instructions=response.instructions,
+            resume=response.resume,
+            last_progress=response.last_progress,
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Worker:
+        env = os.environ if environ is None else environ
+        try:
+            addr = env["TASKGATE_SCHEDULER_ADDR"]
+            token = env["TASKGATE_WORKER_TOKEN"]
+        except KeyError as exc:
+            raise WorkerError(f"{exc.args[0]} is not set: this process was not started by taskgate") from exc
+        return cls(grpc.insecure_channel(addr), token)
+
+    @property
+    def task_id(self) -> str:
+        return self.assignment.task_id
+
+    @property
+    def instructions(self) -> str:
+        return self.assignment.instructions
+
+    @property
+    def resumed(self) -> bool:
+        return self.assignment.resume
+
+    def progress(self, text: str) -> None:
+        self._call(self._stub.ReportProgress, pb.ReportProgressRequest(text=text))
+
+    def tool(self, name: str, status: str = "returned", exit_code: int | None = None) -> None:
+        statuses = {"returned": pb.TOOL_STATUS_RETURNED, "error": pb.TOOL_STATUS_ERROR}
+        if status not in statuses:
+            raise ValueError("status must be 'returned' or 'error'")
+        request = pb.ReportToolRequest(name=name, status=statuses[status])
+        if exit_code is not None:
+            request.exit_code = int(exit_code)
+        self._call(self._stub.ReportTool, request)
+
+    def touched(self, *paths: str) -> None:
+        self._call(self._stub.ReportTouched, pb.ReportTouchedRequest(paths=list(paths)))
+
+    def usage(
+        self,
+        input_tokens: int | None = None,
+        cached_input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        request = pb.ReportUsageRequest()
+        if input_tokens is not None:
+            request.input_tokens = input_tokens
+        if cached_input_tokens is not None:
+            request.cached_input_tokens = cached_input_tokens
+        if output_tokens is not None:
+            request.output_tokens = output_tokens
+        self._call(self._stub.ReportUsage, request)
+
+    def result(self, text: str, unresolved_background: bool = False) -> None:
+        self._call(
+            self._stub.ReportResult,
+            pb.ReportResultRequest(text=text, unresolved_background=unresolved_background),
+        )
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method: Callable[..., T], request: Any) -> T:
+        delay = 0.2
+        for attempt in range(self._retries + 1):
+            try:
+                return method(request, metadata=self._metadata, timeout=self._timeout_s)
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code in _RETRYABLE and attempt < self._retries:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                details = exc.details() if hasattr(exc, "details") else str(exc)
+                raise WorkerError(f"{code.name if code else 'ERROR'}: {details}") from exc
+        raise AssertionError("unreachable")

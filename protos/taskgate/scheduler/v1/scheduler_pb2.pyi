@@ -1,0 +1,497 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
+    TASK_STATE_QUEUED: _ClassVar[TaskState]
+    TASK_STATE_RUNNING: _ClassVar[TaskState]
+    TASK_STATE_WAITING_INPUT: _ClassVar[TaskState]
+    TASK_STATE_COMPLETED: _ClassVar[TaskState]
+    TASK_STATE_FAILED: _ClassVar[TaskState]
+    TASK_STATE_CANCEL_REQUESTED: _ClassVar[TaskState]
+    TASK_STATE_CANCELLED: _ClassVar[TaskState]
+    TASK_STATE_NEEDS_RECONCILIATION: _ClassVar[TaskState]
+    TASK_STATE_RECOVERING: _ClassVar[TaskState]
+
+class ToolStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_STATUS_UNSPECIFIED: _ClassVar[ToolStatus]
+    TOOL_STATUS_RETURNED: _ClassVar[ToolStatus]
+    TOOL_STATUS_ERROR: _ClassVar[ToolStatus]
+
+class ExecutionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXECUTION_TYPE_UNSPECIFIED: _ClassVar[ExecutionType]
+    EXECUTION_TYPE_WORKER: _ClassVar[ExecutionType]
+    EXECUTION_TYPE_GATEWAY_MANAGED: _ClassVar[ExecutionType]
+
+class TaskEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_EVENT_TYPE_UNSPECIFIED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_SNAPSHOT: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_STATE_CHANGED: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_PROGRESS: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_TOOL: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_EXECUTION: _ClassVar[TaskEventType]
+    TASK_EVENT_TYPE_QUESTION: _ClassVar[TaskEventType]
+TASK_STATE_UNSPECIFIED: TaskState
+TASK_STATE_QUEUED: TaskState
+TASK_STATE_RUNNING: TaskState
+TASK_STATE_WAITING_INPUT: TaskState
+TASK_STATE_COMPLETED: TaskState
+TASK_STATE_FAILED: TaskState
+TASK_STATE_CANCEL_REQUESTED: TaskState
+TASK_STATE_CANCELLED: TaskState
+TASK_STATE_NEEDS_RECONCILIATION: TaskState
+TASK_STATE_RECOVERING: TaskState
+TOOL_STATUS_UNSPECIFIED: ToolStatus
+TOOL_STATUS_RETURNED: ToolStatus
+TOOL_STATUS_ERROR: ToolStatus
+EXECUTION_TYPE_UNSPECIFIED: ExecutionType
+EXECUTION_TYPE_WORKER: ExecutionType
+EXECUTION_TYPE_GATEWAY_MANAGED: ExecutionType
+TASK_EVENT_TYPE_UNSPECIFIED: TaskEventType
+TASK_EVENT_TYPE_SNAPSHOT: TaskEventType
+TASK_EVENT_TYPE_STATE_CHANGED: TaskEventType
+TASK_EVENT_TYPE_PROGRESS: TaskEventType
+TASK_EVENT_TYPE_TOOL: TaskEventType
+TASK_EVENT_TYPE_EXECUTION: TaskEventType
+TASK_EVENT_TYPE_QUESTION: TaskEventType
+
+class Progress(_message.Message):
+    __slots__ = ("text", "update_time")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, text: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ToolEvent(_message.Message):
+    __slots__ = ("name", "status", "event_time", "exit_code")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    status: ToolStatus
+    event_time: _timestamp_pb2.Timestamp
+    exit_code: int
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[_Union[ToolStatus, str]] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class Activity(_message.Message):
+    __slots__ = ("last_activity_time", "last_tool", "recent_tools")
+    LAST_ACTIVITY_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOOL_FIELD_NUMBER: _ClassVar[int]
+    RECENT_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    last_activity_time: _timestamp_pb2.Timestamp
+    last_tool: ToolEvent
+    recent_tools: _containers.RepeatedCompositeFieldContainer[ToolEvent]
+    def __init__(self, last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_tool: _Optional[_Union[ToolEvent, _Mapping]] = ..., recent_tools: _Optional[_Iterable[_Union[ToolEvent, _Mapping]]] = ...) -> None: ...
+
+class Inspection(_message.Message):
+    __slots__ = ("reason", "since_time")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_TIME_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    since_time: _timestamp_pb2.Timestamp
+    def __init__(self, reason: _Optional[str] = ..., since_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("create_time", "first_start_time", "start_time", "end_time", "elapsed_ms")
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FIRST_START_TIME_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
+    create_time: _timestamp_pb2.Timestamp
+    first_start_time: _timestamp_pb2.Timestamp
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    elapsed_ms: int
+    def __init__(self, create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., first_start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., elapsed_ms: _Optional[int] = ...) -> None: ...
+
+class Cancellation(_message.Message):
+    __slots__ = ("request_time", "cause", "replaced_by_task_id", "cleanup")
+    REQUEST_TIME_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_BY_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CLEANUP_FIELD_NUMBER: _ClassVar[int]
+    request_time: _timestamp_pb2.Timestamp
+    cause: str
+    replaced_by_task_id: str
+    cleanup: str
+    def __init__(self, request_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cause: _Optional[str] = ..., replaced_by_task_id: _Optional[str] = ..., cleanup: _Optional[str] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("code", "message", "retryable", "exit_code")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    retryable: bool
+    exit_code: int
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class Result(_message.Message):
+    __slots__ = ("text", "unresolved_background")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    UNRESOLVED_BACKGROUND_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    unresolved_background: bool
+    def __init__(self, text: _Optional[str] = ..., unresolved_background: _Optional[bool] = ...) -> None: ...
+
+class PendingQuestion(_message.Message):
+    __slots__ = ("question_id", "text", "revision")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    question_id: str
+    text: str
+    revision: int
+    def __init__(self, question_id: _Optional[str] = ..., text: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class Workspace(_message.Message):
+    __slots__ = ("mode", "path")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    path: str
+    def __init__(self, mode: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("input_tokens", "cached_input_tokens", "output_tokens")
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    cached_input_tokens: int
+    output_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+
+class ProcessIdentity(_message.Message):
+    __slots__ = ("pid", "start_time")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    start_time: int
+    def __init__(self, pid: _Optional[int] = ..., start_time: _Optional[int] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("attempt_id", "number", "start_time", "end_time", "pid", "pgid", "pid_start_time", "boot_id", "harness", "harness_model", "usage", "exit_code", "outcome", "descendants")
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PGID_FIELD_NUMBER: _ClassVar[int]
+    PID_START_TIME_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_MODEL_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DESCENDANTS_FIELD_NUMBER: _ClassVar[int]
+    attempt_id: str
+    number: int
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    pid: int
+    pgid: int
+    pid_start_time: int
+    boot_id: str
+    harness: str
+    harness_model: str
+    usage: Usage
+    exit_code: int
+    outcome: str
+    descendants: _containers.RepeatedCompositeFieldContainer[ProcessIdentity]
+    def __init__(self, attempt_id: _Optional[str] = ..., number: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., pgid: _Optional[int] = ..., pid_start_time: _Optional[int] = ..., boot_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., exit_code: _Optional[int] = ..., outcome: _Optional[str] = ..., descendants: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ...) -> None: ...
+
+class Execution(_message.Message):
+    __slots__ = ("available", "reason", "observe_time", "last_activity_time", "historical", "cpu_user_ticks", "cpu_system_ticks", "io_read_count", "io_write_count", "io_read_bytes", "io_write_bytes", "processes")
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OBSERVE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVITY_TIME_FIELD_NUMBER: _ClassVar[int]
+    HISTORICAL_FIELD_NUMBER: _ClassVar[int]
+    CPU_USER_TICKS_FIELD_NUMBER: _ClassVar[int]
+    CPU_SYSTEM_TICKS_FIELD_NUMBER: _ClassVar[int]
+    IO_READ_COUNT_FIELD_NUMBER: _ClassVar[int]
+    IO_WRITE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    IO_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IO_WRITE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    available: bool
+    reason: str
+    observe_time: _timestamp_pb2.Timestamp
+    last_activity_time: _timestamp_pb2.Timestamp
+    historical: bool
+    cpu_user_ticks: int
+    cpu_system_ticks: int
+    io_read_count: int
+    io_write_count: int
+    io_read_bytes: int
+    io_write_bytes: int
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessIdentity]
+    def __init__(self, available: _Optional[bool] = ..., reason: _Optional[str] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., historical: _Optional[bool] = ..., cpu_user_ticks: _Optional[int] = ..., cpu_system_ticks: _Optional[int] = ..., io_read_count: _Optional[int] = ..., io_write_count: _Optional[int] = ..., io_read_bytes: _Optional[int] = ..., io_write_bytes: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "agent_id", "session_id", "title", "instructions", "state", "execution_type", "target_profile", "progress", "activity", "execution", "inspection", "timing", "cancellation", "failure", "result", "pending_question", "harness", "harness_model", "workspace", "observed_paths", "current_filesystem_verified", "attempts", "update_time")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVITY_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_FIELD_NUMBER: _ClassVar[int]
+    INSPECTION_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    CANCELLATION_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_QUESTION_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_MODEL_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_PATHS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FILESYSTEM_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    agent_id: str
+    session_id: str
+    title: str
+    instructions: str
+    state: TaskState
+    execution_type: ExecutionType
+    target_profile: str
+    progress: Progress
+    activity: Activity
+    execution: Execution
+    inspection: Inspection
+    timing: Timing
+    cancellation: Cancellation
+    failure: Failure
+    result: Result
+    pending_question: PendingQuestion
+    harness: str
+    harness_model: str
+    workspace: Workspace
+    observed_paths: _containers.RepeatedScalarFieldContainer[str]
+    current_filesystem_verified: bool
+    attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, task_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., execution_type: _Optional[_Union[ExecutionType, str]] = ..., target_profile: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., activity: _Optional[_Union[Activity, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., inspection: _Optional[_Union[Inspection, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., cancellation: _Optional[_Union[Cancellation, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., pending_question: _Optional[_Union[PendingQuestion, _Mapping]] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., workspace: _Optional[_Union[Workspace, _Mapping]] = ..., observed_paths: _Optional[_Iterable[str]] = ..., current_filesystem_verified: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateTaskRequest(_message.Message):
+    __slots__ = ("agent_id", "session_id", "title", "instructions", "profile", "request_id", "harness", "harness_model")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_MODEL_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_id: str
+    title: str
+    instructions: str
+    profile: str
+    request_id: str
+    harness: str
+    harness_model: str
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ...) -> None: ...
+
+class CreateTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("agent_id", "session_id", "page", "page_size", "include_finished", "preview_chars")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_CHARS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_id: str
+    page: int
+    page_size: int
+    include_finished: bool
+    preview_chars: int
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., page: _Optional[int] = ..., page_size: _Optional[int] = ..., include_finished: _Optional[bool] = ..., preview_chars: _Optional[int] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("page", "pages", "total", "tasks")
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    page: int
+    pages: int
+    total: int
+    tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    def __init__(self, page: _Optional[int] = ..., pages: _Optional[int] = ..., total: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
+
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("task_id", "cause", "replaced_by_task_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_BY_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    cause: str
+    replaced_by_task_id: str
+    def __init__(self, task_id: _Optional[str] = ..., cause: _Optional[str] = ..., replaced_by_task_id: _Optional[str] = ...) -> None: ...
+
+class CancelTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class RetryCleanupRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class RetryCleanupResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class WatchTasksRequest(_message.Message):
+    __slots__ = ("agent_id", "session_id", "task_id")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_id: str
+    task_id: str
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
+
+class WatchTasksResponse(_message.Message):
+    __slots__ = ("sequence", "type", "event_time", "task")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    type: TaskEventType
+    event_time: _timestamp_pb2.Timestamp
+    task: Task
+    def __init__(self, sequence: _Optional[int] = ..., type: _Optional[_Union[TaskEventType, str]] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class GetAssignmentRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetAssignmentResponse(_message.Message):
+    __slots__ = ("task_id", "attempt_id", "title", "instructions", "resume", "last_progress")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    LAST_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    attempt_id: str
+    title: str
+    instructions: str
+    resume: bool
+    last_progress: str
+    def __init__(self, task_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., resume: _Optional[bool] = ..., last_progress: _Optional[str] = ...) -> None: ...
+
+class ReportProgressRequest(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class ReportProgressResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportToolRequest(_message.Message):
+    __slots__ = ("name", "status", "exit_code")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    status: ToolStatus
+    exit_code: int
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[_Union[ToolStatus, str]] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class ReportToolResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportTouchedRequest(_message.Message):
+    __slots__ = ("paths",)
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, paths: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportTouchedResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportUsageRequest(_message.Message):
+    __slots__ = ("input_tokens", "cached_input_tokens", "output_tokens")
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    cached_input_tokens: int
+    output_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+
+class ReportUsageResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportResultRequest(_message.Message):
+    __slots__ = ("text", "unresolved_background")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    UNRESOLVED_BACKGROUND_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    unresolved_background: bool
+    def __init__(self, text: _Optional[str] = ..., unresolved_background: _Optional[bool] = ...) -> None: ...
+
+class ReportResultResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

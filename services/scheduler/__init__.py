@@ -1,0 +1,1 @@
+"""The scheduler: tasks, attempts, worker processes, timers and cancellation."""

@@ -1,0 +1,49 @@
+"""python -m services.scheduler"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from libs.db import Database
+from libs.grpc_server import serve
+from libs.log import configure_logging, get_logger
+from libs.settings import SettingsError, load_settings
+from services.scheduler.engine import Engine
+from services.scheduler.servicer import SchedulerServicer, WorkerServicer
+from services.scheduler.store import MIGRATIONS, SchedulerStore
+from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+async def main() -> None:
+    try:
+        settings = load_settings(os.environ)
+    except SettingsError as exc:
+        sys.exit(f"scheduler: {exc}")
+    configure_logging("scheduler", settings.log_level, settings.log_format)
+    log = get_logger("scheduler")
+    db = Database(settings.db_url("scheduler"), MIGRATIONS)
+    applied = await asyncio.to_thread(db.migrate)
+    log.info("database_ready", url=db.engine.url.render_as_string(hide_password=True), migrations_applied=applied)
+    engine = Engine(settings, SchedulerStore(db))
+
+    def register(server: object) -> None:
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
+        scheduler_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine), server)
+
+    names = [
+        scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
+        scheduler_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
+    ]
+    try:
+        await serve(
+            addr=settings.scheduler_addr, registrars=[register], service_names=names,
+            on_started=engine.start, on_stopping=engine.shutdown,
+        )
+    finally:
+        db.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,435 @@
+"""Task rules: states, transitions, validation, pagination and supervision timers.
+
+Pure code: no grpc, no database. Times are integer milliseconds since the epoch,
+passed in by the caller (the injected clock).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from libs import errors
+from libs.settings import TaskSettings
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+UUID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+MAX_TITLE_CHARS = 200
+MAX_INSTRUCTIONS_BYTES = 64 * 1024
+MAX_PROGRESS_CHARS = 4000
+MAX_RESULT_BYTES = 256 * 1024
+MAX_TOOL_NAME_CHARS = 200
+MAX_PATH_CHARS = 4096
+DEFAULT_PROFILE = "default-worker"
+DEFAULT_PAGE_SIZE = 10
+MAX_PAGE_SIZE = 100
+DEFAULT_PREVIEW_CHARS = 280
+
+
+class InvalidArgument(errors.InvalidArgument):
+    pass
+
+
+class TaskNotFound(errors.NotFound):
+    pass
+
+
+class InvalidTransition(errors.FailedPrecondition):
+    pass
+
+
+class WorkerDenied(errors.PermissionDenied):
+    pass
+
+
+class State(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING_INPUT = "waiting_input"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLED = "cancelled"
+    NEEDS_RECONCILIATION = "needs_reconciliation"
+    RECOVERING = "recovering"
+
+
+TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED})
+# States in which a worker process of the task may be alive.
+ACTIVE = frozenset({State.RUNNING, State.WAITING_INPUT, State.CANCEL_REQUESTED, State.RECOVERING})
+
+_ALLOWED: dict[State, frozenset[State]] = {
+    State.QUEUED: frozenset({State.RUNNING, State.CANCELLED, State.FAILED}),
+    State.RUNNING: frozenset(
+        {
+            State.WAITING_INPUT,
+            State.COMPLETED,
+            State.FAILED,
+            State.CANCEL_REQUESTED,
+            State.NEEDS_RECONCILIATION,
+            State.RECOVERING,
+            State.QUEUED,
+        }
+    ),
+    State.WAITING_INPUT: frozenset(
+        {
+            State.RUNNING,
+            State.COMPLETED,
+            State.FAILED,
+            State.CANCEL_REQUESTED,
+            State.NEEDS_RECONCILIATION,
+            State.RECOVERING,
+            State.QUEUED,
+        }
+    ),
+    State.CANCEL_REQUESTED: frozenset({State.CANCELLED, State.NEEDS_RECONCILIATION, State.RECOVERING}),
+    State.NEEDS_RECONCILIATION: frozenset({State.CANCELLED, State.FAILED, State.QUEUED}),
+    State.RECOVERING: frozenset({State.QUEUED, State.NEEDS_RECONCILIATION, State.FAILED, State.CANCELLED}),
+    State.COMPLETED: frozenset(),
+    State.FAILED: frozenset(),
+    State.CANCELLED: frozenset(),
+}
+
+
+def check_transition(current: State, target: State) -> None:
+    if target not in _ALLOWED[current]:
+        raise InvalidTransition(
+            "INVALID_TRANSITION", f"a task in state {current} cannot become {target}",
+            current=current.value, target=target.value,
+        )
+
+
+class FailureCode(StrEnum):
+    WORKER_EXITED = "WORKER_EXITED"
+    WORKER_KILLED = "WORKER_KILLED"
+    WORKER_LAUNCH_FAILED = "WORKER_LAUNCH_FAILED"
+    FIRST_REPORT_TIMEOUT = "FIRST_REPORT_TIMEOUT"
+    PROGRESS_STALLED = "PROGRESS_STALLED"
+    MAX_DURATION_EXCEEDED = "MAX_DURATION_EXCEEDED"
+    GATEWAY_SHUTDOWN = "GATEWAY_SHUTDOWN"
+    GATEWAY_SHUTDOWN_REPEATED = "GATEWAY_SHUTDOWN_REPEATED"
+    CLEANUP_UNCONFIRMED = "CLEANUP_UNCONFIRMED"
+
+
+class Progress(BaseModel):
+    text: str
+    updated_at: int
+
+
+class ToolEvent(BaseModel):
+    name: str
+    status: str  # "returned" | "error"
+    at: int
+    exit_code: int | None = None
+
+
+class Inspection(BaseModel):
+    reason: str
+    since: int
+
+
+class Cancellation(BaseModel):
+    requested_at: int
+    cause: str
+    replaced_by_task_id: str | None = None
+    cleanup: str | None = None  # "confirmed" | "unconfirmed"
+
+
+class Failure(BaseModel):
+    code: str
+    message: str
+    retryable: bool = False
+    exit_code: int | None = None
+
+
+class Result(BaseModel):
+    text: str
+    unresolved_background: bool = False
+
+
+class ProcessIdentity(BaseModel):
+    pid: int
+    start_time: int
+
+
+class Usage(BaseModel):
+    input_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class Attempt(BaseModel):
+    attempt_id: str
+    task_id: str
+    number: int
+    boot_id: str
+    token_hash: str
+    started_at: int | None = None
+    ended_at: int | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    pid_start_time: int | None = None
+    harness: str | None = None
+    harness_model: str | None = None
+    usage: Usage | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    outcome: str | None = None
+    first_contact_at: int | None = None
+    descendants: list[ProcessIdentity] = Field(default_factory=list)
+
+
+class RestartResume(BaseModel):
+    count: int
+    revision: int
+    pending: bool
+    last_progress: str | None = None
+
+
+class PendingOutcome(BaseModel):
+    """Where a stop that could not be confirmed leads once cleanup is proven."""
+
+    state: State
+    failure: Failure | None = None
+    result: Result | None = None
+
+
+class Task(BaseModel):
+    task_id: str
+    agent_id: str
+    session_id: str
+    title: str
+    instructions: str
+    profile: str
+    state: State
+    created_at: int
+    updated_at: int
+    request_id: str | None = None
+    harness: str | None = None
+    harness_model: str | None = None
+    workspace_mode: str = "agent"
+    workspace_path: str = ""
+    first_started_at: int | None = None
+    started_at: int | None = None
+    ended_at: int | None = None
+    progress: Progress | None = None
+    last_activity_at: int | None = None
+    last_tool: ToolEvent | None = None
+    recent_tools: list[ToolEvent] = Field(default_factory=list)
+    inspection: Inspection | None = None
+    cancellation: Cancellation | None = None
+    failure: Failure | None = None
+    result: Result | None = None
+    result_reported_at: int | None = None
+    observed_paths: list[str] = Field(default_factory=list)
+    execution: dict[str, object] | None = None
+    restart_resume: RestartResume | None = None
+    pending_outcome: PendingOutcome | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def elapsed_ms(self, now: int) -> int:
+        if self.first_started_at is None:
+            return 0
+        end = self.ended_at if self.ended_at is not None else now
+        return max(0, end - self.first_started_at)
+
+
+@dataclass(frozen=True)
+class NewTask:
+    agent_id: str
+    session_id: str
+    title: str
+    instructions: str
+    profile: str
+    request_id: str | None
+    harness: str | None
+    harness_model: str | None
+
+
+def validate_id(kind: str, value: str) -> str:
+    if not ID_PATTERN.match(value or ""):
+        raise InvalidArgument(
+            "INVALID_ID", f"{kind} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
+            field=kind,
+        )
+    return value
+
+
+def validate_task_id(value: str) -> str:
+    if not UUID_PATTERN.match(value or ""):
+        raise InvalidArgument("INVALID_ID", "taskId must be 32 lowercase hex characters", field="taskId")
+    return value
+
+
+def validate_new_task(req: NewTask, known_profiles: set[str]) -> NewTask:
+    validate_id("agentId", req.agent_id)
+    validate_id("sessionId", req.session_id)
+    title = req.title.strip()
+    if not title:
+        raise InvalidArgument("EMPTY_TITLE", "title must not be empty", field="title")
+    if len(title) > MAX_TITLE_CHARS:
+        raise InvalidArgument("FIELD_TOO_LONG", f"title is longer than {MAX_TITLE_CHARS} characters",
+                              field="title")
+    if len(req.instructions.encode()) > MAX_INSTRUCTIONS_BYTES:
+        raise InvalidArgument("FIELD_TOO_LONG", f"instructions exceed {MAX_INSTRUCTIONS_BYTES} bytes",
+                              field="instructions")
+    profile = req.profile or DEFAULT_PROFILE
+    if profile not in known_profiles:
+        raise InvalidArgument("UNKNOWN_PROFILE", f"no worker profile named {profile!r}", field="profile")
+    if req.request_id is not None and not ID_PATTERN.match(req.request_id):
+        raise InvalidArgument("INVALID_ID", "requestId must be 1-128 id characters", field="requestId")
+    for name, value in (("harness", req.harness), ("harnessModel", req.harness_model)):
+        if value is not None and len(value) > 100:
+            raise InvalidArgument("FIELD_TOO_LONG", f"{name} is longer than 100 characters", field=name)
+    return NewTask(
+        agent_id=req.agent_id, session_id=req.session_id, title=title, instructions=req.instructions,
+        profile=profile, request_id=req.request_id or None, harness=req.harness or None,
+        harness_model=req.harness_model or None,
+    )
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    page: int
+    page_size: int
+
+
+def validate_page(page: int, page_size: int) -> PageRequest:
+    size = page_size or DEFAULT_PAGE_SIZE
+    if page < 0:
+        raise InvalidArgument("INVALID_PAGE", "page must be 0 or more", field="page")
+    if not 1 <= size <= MAX_PAGE_SIZE:
+        raise InvalidArgument("INVALID_PAGE_SIZE", f"page_size must be 1-{MAX_PAGE_SIZE}", field="page_size")
+    return PageRequest(page, size)
+
+
+def clamp_page(req: PageRequest, total: int) -> tuple[int, int]:
+    """(page, pages): an out-of-range page is clamped to the last one (page 0 when empty)."""
+    pages = max(1, math.ceil(total / req.page_size))
+    return min(req.page, pages - 1), pages
+
+
+def preview(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+
+def clamp_utf8(text: str, limit_bytes: int) -> str:
+    """Cut ``text`` to at most ``limit_bytes`` of UTF-8 without splitting a character."""
+    data = text.encode()
+    if len(data) <= limit_bytes:
+        return text
+    return data[:limit_bytes].decode("utf-8", "ignore")
+
+
+# --- supervision -----------------------------------------------------------
+
+
+class Verdict(StrEnum):
+    NONE = "none"
+    INSPECT = "inspect"
+    STOP_STALLED = "stop_stalled"
+    STOP_MAX_DURATION = "stop_max_duration"
+    STOP_NO_FIRST_REPORT = "stop_no_first_report"
+    ACCEPT_BACKGROUND = "accept_background"
+
+
+@dataclass(frozen=True)
+class Supervision:
+    verdict: Verdict
+    detail: str = ""
+
+
+def last_activity(task: Task) -> int | None:
+    candidates = [
+        task.last_activity_at,
+        task.progress.updated_at if task.progress else None,
+        task.last_tool.at if task.last_tool else None,
+        task.started_at,
+    ]
+    values = [v for v in candidates if v is not None]
+    return max(values) if values else None
+
+
+def supervise(task: Task, attempt: Attempt, settings: TaskSettings, now: int, uses_sdk: bool) -> Supervision:
+    """What the supervisor loop must do about one live task right now."""
+    if task.state not in (State.RUNNING, State.WAITING_INPUT) or attempt.started_at is None:
+        return Supervision(Verdict.NONE)
+    if settings.max_duration_ms and task.first_started_at is not None:
+        if now - task.first_started_at >= settings.max_duration_ms:
+            return Supervision(Verdict.STOP_MAX_DURATION, f"ran longer than {settings.max_duration_ms} ms")
+    if task.result is not None and task.result.unresolved_background and task.result_reported_at is not None:
+        if now - task.result_reported_at >= settings.background_grace_ms:
+            return Supervision(Verdict.ACCEPT_BACKGROUND)
+        return Supervision(Verdict.NONE)  # a reported result is not stalled work
+    if task.state == State.WAITING_INPUT:
+        return Supervision(Verdict.NONE)  # waiting for a person is never a stall
+    if uses_sdk and settings.first_report_timeout_ms and attempt.first_contact_at is None:
+        if now - attempt.started_at >= settings.first_report_timeout_ms:
+            return Supervision(
+                Verdict.STOP_NO_FIRST_REPORT,
+                f"no contact from the worker within {settings.first_report_timeout_ms} ms",
+            )
+    if settings.progress_stale_limit_ms:
+        since = task.progress.updated_at if task.progress else attempt.started_at
+        since = max(since, attempt.started_at)
+        if now - since >= settings.progress_stale_limit_ms:
+            return Supervision(
+                Verdict.STOP_STALLED, f"no progress report for {settings.progress_stale_limit_ms} ms"
+            )
+    if settings.idle_timeout_ms and task.inspection is None:
+        active = last_activity(task)
+        if active is not None and now - active >= settings.idle_timeout_ms:
+            return Supervision(Verdict.INSPECT, f"no activity for {settings.idle_timeout_ms} ms")
+    return Supervision(Verdict.NONE)
+
+
+MAX_AUTOMATIC_RESUMES = 3
+
+
+def resume_after_interruption(task: Task, now: int, reason: str) -> Task:
+    """Re-queue an interrupted task, or fail it once the revision's resumes are used up."""
+    previous = task.restart_resume
+    count = (previous.count if previous else 0) + 1
+    revision = previous.revision if previous else 1
+    last_progress = task.progress.text if task.progress else (previous.last_progress if previous else None)
+    task.inspection = None
+    task.pending_outcome = None
+    if count > MAX_AUTOMATIC_RESUMES:
+        task.state = State.FAILED
+        task.ended_at = now
+        task.failure = Failure(
+            code=FailureCode.GATEWAY_SHUTDOWN_REPEATED,
+            message=f"interrupted {count} times in revision {revision}; not resumed again",
+        )
+        task.restart_resume = RestartResume(
+            count=count - 1, revision=revision, pending=False, last_progress=last_progress
+        )
+        return task
+    task.state = State.QUEUED
+    task.failure = Failure(code=FailureCode.GATEWAY_SHUTDOWN, message=reason, retryable=True)
+    task.restart_resume = RestartResume(count=count, revision=revision, pending=True, last_progress=last_progress)
+    return task
+
+
+def describe_exit(returncode: int) -> tuple[State, Failure | None]:
+    """Map a worker's own exit (not one taskgate caused) to the task's end state."""
+    if returncode == 0:
+        return State.COMPLETED, None
+    if returncode > 0:
+        return State.FAILED, Failure(
+            code=FailureCode.WORKER_EXITED, message=f"worker exited with code {returncode}",
+            exit_code=returncode,
+        )
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return State.FAILED, Failure(code=FailureCode.WORKER_KILLED, message=f"worker was killed by {name}")

@@ -1,0 +1,770 @@
+"""The scheduler's application layer: it runs tasks through their lifecycle.
+
+Owns the live worker processes of this scheduler incarnation, the dispatcher
+(queued -> running within ``max_running``), the one supervisor loop (timers and
+descendant recording), cancellation with proof, start-up recovery and graceful
+shutdown. Rules live in ``domain``, rows in ``store``, processes in ``processes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from libs import errors, proctree
+from libs.settings import Settings, WorkerProfile
+from services.scheduler import domain, processes
+from services.scheduler.domain import (
+    ACTIVE,
+    Attempt,
+    Cancellation,
+    Failure,
+    FailureCode,
+    Inspection,
+    NewTask,
+    PendingOutcome,
+    Progress,
+    Result,
+    State,
+    Task,
+    ToolEvent,
+    Usage,
+    Verdict,
+)
+from services.scheduler.events import EventHub, TaskEvent
+from services.scheduler.store import SchedulerStore, StoredEvent
+
+log = structlog.get_logger("scheduler")
+
+USER_CANCELED = "user_canceled"
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int: ...
+
+
+class SystemClock:
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+
+class TelemetryHook(Protocol):
+    """What the engine tells the telemetry agent; a no-op when there is none."""
+
+    def watch(self, task_id: str, pid: int, start_time: int) -> None: ...
+
+    def unwatch(self, task_id: str) -> None: ...
+
+
+class NoTelemetry:
+    def watch(self, task_id: str, pid: int, start_time: int) -> None:
+        pass
+
+    def unwatch(self, task_id: str) -> None:
+        pass
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(eq=False)
+class LiveAttempt:
+    attempt: Attempt
+    profile: WorkerProfile
+    process: asyncio.subprocess.Process | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    returncode: int | None = None
+    # Set (under the task lock) once taskgate itself is stopping the tree, so the
+    # exit waiter leaves the outcome to the stopper.
+    stopping: bool = False
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    page: int
+    pages: int
+    total: int
+    tasks: list[Task]
+
+
+class Engine:
+    def __init__(
+        self,
+        settings: Settings,
+        store: SchedulerStore,
+        clock: Clock | None = None,
+        telemetry: TelemetryHook | None = None,
+        boot_id: str | None = None,
+        table_reader: Callable[[], dict[int, proctree.ProcStat]] = proctree.process_table,
+    ) -> None:
+        self.settings = settings
+        self.tasks_cfg = settings.tasks
+        self.store = store
+        self.clock = clock or SystemClock()
+        self.telemetry = telemetry or NoTelemetry()
+        self.boot_id = boot_id or uuid.uuid4().hex
+        self.hub = EventHub()
+        self._table_reader = table_reader
+        self._live: dict[str, LiveAttempt] = {}  # task_id -> attempt being run now
+        self._by_token: dict[str, LiveAttempt] = {}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._wake = asyncio.Event()
+        self._background: set[asyncio.Task[object]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    # --- lifecycle -----------------------------------------------------------
+
+    async def start(self, run_loops: bool = True) -> None:
+        await self.recover()
+        if run_loops:
+            self._loops = [
+                asyncio.create_task(self._dispatch_loop(), name="dispatcher"),
+                asyncio.create_task(self._supervise_loop(), name="supervisor"),
+            ]
+        self._wake.set()
+
+    async def shutdown(self) -> None:
+        """Stop every running worker and re-queue its task for resumption."""
+        self._closing = True
+        for loop_task in self._loops:
+            loop_task.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        live = list(self._live.values())
+        await asyncio.gather(
+            *(self._stop_and_settle(la, "shutdown", "the scheduler shut down") for la in live),
+            return_exceptions=True,
+        )
+        await self._drain_background()
+
+    async def _drain_background(self) -> None:
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task: asyncio.Task[object] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- events --------------------------------------------------------------
+
+    def _published(self, stored: StoredEvent | None, task: Task, event_type: str | None = None) -> None:
+        if stored is not None:
+            self.hub.publish(stored.type, stored.at, task)
+        elif event_type is not None:
+            self.hub.publish(event_type, self.clock.now_ms(), task)
+
+    async def watch(self, accepts: Callable[[Task], bool], initial: list[Task]) -> AsyncIterator[TaskEvent]:
+        """Current snapshots first, then each event after commit."""
+        with self.hub.subscribe(accepts) as sub:
+            now = self.clock.now_ms()
+            for task in initial:
+                yield TaskEvent(0, "task.snapshot", now, task)
+            while True:
+                try:
+                    event = await asyncio.wait_for(sub.queue.get(), timeout=1.0)
+                except TimeoutError:
+                    if sub.overflowed:
+                        raise errors.ResourceExhausted(
+                            "WATCHER_TOO_SLOW", "the watcher fell behind; reconnect to resume"
+                        ) from None
+                    continue
+                yield event
+
+    # --- queries -------------------------------------------------------------
+
+    async def create_task(self, request: NewTask) -> Task:
+        request = domain.validate_new_task(request, set(self.settings.workers))
+        now = self.clock.now_ms()
+        profile = self.settings.workers[request.profile]
+        workspace = (
+            Path(profile.workspace) if profile.workspace else self.settings.agent_workspace(request.agent_id)
+        )
+        task = Task(
+            task_id=uuid.uuid4().hex, agent_id=request.agent_id, session_id=request.session_id,
+            title=request.title, instructions=request.instructions, profile=request.profile,
+            state=State.QUEUED, created_at=now, updated_at=now, request_id=request.request_id,
+            harness=request.harness or profile.harness,
+            harness_model=request.harness_model or profile.harness_model,
+            workspace_mode="profile" if profile.workspace else "agent",
+            workspace_path=str(workspace),
+        )
+        task, stored = await self.store.create_task(task)
+        self._published(stored, task)
+        self._wake.set()
+        return task
+
+    async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
+        domain.validate_task_id(task_id)
+        task = await self.store.get_task(task_id)
+        return task, await self.store.attempts_of(task_id)
+
+    async def list_tasks(
+        self, agent_id: str, session_id: str, page: int, page_size: int, include_finished: bool
+    ) -> TaskPage:
+        domain.validate_id("agentId", agent_id)
+        domain.validate_id("sessionId", session_id)
+        request = domain.validate_page(page, page_size)
+        clamped: dict[str, int] = {}
+
+        def clamp(total: int) -> int:
+            clamped["page"], clamped["pages"] = domain.clamp_page(request, total)
+            return clamped["page"]
+
+        total, tasks = await self.store.list_tasks(
+            agent_id, session_id, include_finished, request.page, request.page_size, clamp
+        )
+        return TaskPage(clamped["page"], clamped["pages"], total, tasks)
+
+    # --- dispatch ------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        interval = self.tasks_cfg.supervisor_interval_ms / 1000
+        while not self._closing:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.dispatch_once()
+            except Exception:  # keep dispatching; the error is logged
+                log.exception("dispatch_failed")
+
+    async def dispatch_once(self) -> int:
+        """Launch queued tasks while there is room; returns how many were launched."""
+        launched = 0
+        while not self._closing:
+            room = self.tasks_cfg.max_running - len(self._live)
+            if room <= 0:
+                break
+            queued = [
+                t for t in await self.store.tasks_in_states([State.QUEUED], limit=room + len(self._live))
+                if t.task_id not in self._live
+            ][:room]
+            if not queued:
+                break
+            for task in queued:
+                if await self._launch(task.task_id):
+                    launched += 1
+        return launched
+
+    def _worker_env(self, task: Task, attempt: Attempt, token: str, profile: WorkerProfile) -> dict[str, str]:
+        # Service settings (database URLs among them) stay out of the worker.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TASKGATE_")}
+        env.update(profile.env)
+        env.update(
+            {
+                "PYTHONUNBUFFERED": "1",
+                "TASKGATE_TASK_ID": task.task_id,
+                "TASKGATE_ATTEMPT_ID": attempt.attempt_id,
+                "TASKGATE_WORKER_TOKEN": token,
+                "TASKGATE_SCHEDULER_ADDR": self.settings.scheduler_addr,
+                "TASKGATE_PENDING_ADDR": self.settings.pending_addr,
+            }
+        )
+        resume = task.restart_resume
+        if resume is not None and resume.pending:
+            env["TASKGATE_RESUME"] = "1"
+            env["TASKGATE_LAST_PROGRESS"] = resume.last_progress or ""
+        return env
+
+    async def _launch(self, task_id: str) -> bool:
+        async with self._locks[task_id]:
+            task = await self.store.get_task(task_id)
+            if task.state != State.QUEUED or task_id in self._live or self._closing:
+                return False
+            now = self.clock.now_ms()
+            profile = self.settings.workers.get(task.profile)
+            if profile is None:
+                await self._finish(task_id, State.FAILED, Failure(
+                    code=FailureCode.WORKER_LAUNCH_FAILED,
+                    message=f"worker profile {task.profile!r} is no longer configured"))
+                return False
+            previous = await self.store.attempts_of(task_id)
+            token = secrets.token_urlsafe(32)
+            attempt = Attempt(
+                attempt_id=uuid.uuid4().hex, task_id=task_id, number=len(previous) + 1,
+                boot_id=self.boot_id, token_hash=hash_token(token),
+                harness=task.harness, harness_model=task.harness_model,
+            )
+            live = LiveAttempt(attempt=attempt, profile=profile)
+            # Registered before the process exists, so its first call always finds it.
+            self._live[task_id] = live
+            self._by_token[attempt.token_hash] = live
+            log_path = self.settings.data_dir.resolve() / "logs" / task_id / f"attempt-{attempt.number}.log"
+            try:
+                launched = await processes.launch(
+                    profile.command, Path(task.workspace_path), self._worker_env(task, attempt, token, profile),
+                    log_path,
+                )
+            except OSError as exc:
+                self._forget(live)
+                attempt.outcome = "launch_failed"
+                await self.store.save_attempt(attempt)
+                await self._finish(task_id, State.FAILED, Failure(
+                    code=FailureCode.WORKER_LAUNCH_FAILED, message=f"cannot start the worker: {exc}"))
+                return False
+            live.process = launched.process
+            attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
+            attempt.started_at = self.clock.now_ms()
+
+            def to_running(t: Task) -> Task:
+                t.state = State.RUNNING
+                t.first_started_at = t.first_started_at or attempt.started_at
+                t.started_at = attempt.started_at
+                t.updated_at = now
+                t.inspection = None
+                t.harness, t.harness_model = attempt.harness, attempt.harness_model
+                if t.restart_resume is not None and t.restart_resume.pending:
+                    t.restart_resume.pending = False
+                    t.failure = None
+                return t
+
+            task, stored = await self.store.update_task(
+                task_id, to_running, "task.state_changed", now, attempt=attempt
+            )
+            self._published(stored, task)
+            log.info("worker_started", task_id=task_id, attempt=attempt.number, pid=launched.pid)
+            if launched.start_time is not None:
+                self.telemetry.watch(task_id, launched.pid, launched.start_time)
+            self._spawn(self._wait_exit(task_id, live), f"wait-{task_id}")
+            return True
+
+    def _forget(self, live: LiveAttempt) -> None:
+        if self._live.get(live.attempt.task_id) is live:
+            del self._live[live.attempt.task_id]
+        self._by_token.pop(live.attempt.token_hash, None)
+
+    async def _wait_exit(self, task_id: str, live: LiveAttempt) -> None:
+        assert live.process is not None
+        returncode = await live.process.wait()
+        live.returncode = returncode
+        live.exited.set()
+        self.telemetry.unwatch(task_id)
+        attempt = live.attempt
+        attempt.ended_at = self.clock.now_ms()
+        attempt.exit_code = returncode if returncode >= 0 else None
+        attempt.signal = -returncode if returncode < 0 else None
+        try:
+            async with self._locks[task_id]:
+                if live.stopping:
+                    return  # the stopper records the outcome
+                state, failure = domain.describe_exit(returncode)
+                attempt.outcome = "exited" if returncode >= 0 else "killed"
+                result = None
+                if state == State.COMPLETED:
+                    current = await self.store.get_task(task_id)
+                    reported = current.result
+                    result = Result(text=reported.text if reported else "")
+                await self._finish(task_id, state, failure, result=result, attempt=attempt,
+                                   only_from=(State.RUNNING, State.WAITING_INPUT))
+                log.info("worker_exited", task_id=task_id, returncode=returncode, state=state.value)
+        finally:
+            self._forget(live)
+            self._wake.set()
+
+    async def _finish(
+        self,
+        task_id: str,
+        state: State,
+        failure: Failure | None,
+        *,
+        result: Result | None = None,
+        attempt: Attempt | None = None,
+        only_from: tuple[State, ...] | None = None,
+        cleanup: str | None = None,
+    ) -> Task:
+        now = self.clock.now_ms()
+
+        def change(t: Task) -> Task | None:
+            if t.terminal or (only_from is not None and t.state not in only_from):
+                return None
+            t.state = state
+            t.updated_at = now
+            if failure is not None:
+                t.failure = failure
+            if result is not None:
+                t.result = result
+            if state in domain.TERMINAL:
+                t.ended_at = now
+                t.inspection = None
+                t.pending_outcome = None
+            if cleanup is not None and t.cancellation is not None:
+                t.cancellation.cleanup = cleanup
+            return t
+
+        task, stored = await self.store.update_task(task_id, change, "task.state_changed", now, attempt=attempt)
+        if stored is None and attempt is not None:
+            await self.store.save_attempt(attempt)
+        self._published(stored, task)
+        return task
+
+    # --- cancellation --------------------------------------------------------
+
+    async def cancel(
+        self, task_id: str, cause: str = USER_CANCELED, replaced_by: str | None = None,
+        wait_s: float = 0.0,
+    ) -> Task:
+        """Request a cancel; returns the task (cancelled, cancel_requested or unchanged)."""
+        domain.validate_task_id(task_id)
+        if replaced_by:
+            domain.validate_task_id(replaced_by)
+        cause = cause or USER_CANCELED
+        if not domain.ID_PATTERN.match(cause):
+            raise domain.InvalidArgument("INVALID_CAUSE", "cause must be a short identifier", field="cause")
+        now = self.clock.now_ms()
+        stopper: asyncio.Task[object] | None = None
+        async with self._locks[task_id]:
+            task = await self.store.get_task(task_id)
+            if task.terminal or task.state in (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION,
+                                               State.RECOVERING):
+                return task
+            cancellation = Cancellation(requested_at=now, cause=cause, replaced_by_task_id=replaced_by)
+            live = self._live.get(task_id)
+            if live is None and task.state != State.QUEUED:
+                # Not launched by this incarnation: stop what the last attempt recorded.
+                attempts = await self.store.attempts_of(task_id)
+                if attempts:
+                    live = LiveAttempt(attempt=attempts[-1], profile=self.settings.workers.get(
+                        task.profile, WorkerProfile(command=["unknown"])))
+            if live is None:
+                # Queued (or never launched): nothing runs, so nothing to prove.
+                def to_cancelled(t: Task) -> Task:
+                    t.state = State.CANCELLED
+                    t.cancellation = cancellation.model_copy(update={"cleanup": "confirmed"})
+                    t.updated_at = t.ended_at = now
+                    t.inspection = None
+                    return t
+
+                task, stored = await self.store.update_task(task_id, to_cancelled, "task.state_changed", now)
+                self._published(stored, task)
+                return task
+
+            def to_cancel_requested(t: Task) -> Task:
+                t.state = State.CANCEL_REQUESTED
+                t.cancellation = cancellation
+                t.updated_at = now
+                return t
+
+            task, stored = await self.store.update_task(task_id, to_cancel_requested, "task.state_changed", now)
+            self._published(stored, task)
+            live.stopping = True
+            stopper = asyncio.create_task(self._stop_and_settle(live, "cancel", f"cancelled ({cause})"))
+            self._background.add(stopper)  # type: ignore[arg-type]
+            stopper.add_done_callback(self._background.discard)  # type: ignore[arg-type]
+        if wait_s > 0:
+            done, _ = await asyncio.wait({stopper}, timeout=wait_s)
+            if done:
+                return await self.store.get_task(task_id)
+        return task
+
+    async def _stop_and_settle(self, live: LiveAttempt, why: str, message: str) -> Task:
+        """Stop an attempt's tree; settle the task by what could be proven.
+
+        ``why``: cancel | stalled | max_duration | no_first_report | background | shutdown.
+        """
+        task_id = live.attempt.task_id
+        live.stopping = True
+        status = await processes.stop_tree(
+            live.attempt, self.tasks_cfg.cancel_grace_ms / 1000, self.tasks_cfg.cleanup_confirm_ms / 1000,
+            self._table_reader,
+        )
+        if live.process is not None and not live.exited.is_set():
+            try:
+                await asyncio.wait_for(live.exited.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+        attempt = live.attempt
+        attempt.ended_at = attempt.ended_at or self.clock.now_ms()
+        attempt.outcome = f"stopped:{why}"
+        async with self._locks[task_id]:
+            task = await self.store.get_task(task_id)
+            outcome = self._outcome_for(why, task, message)
+            if status.gone:
+                task = await self._settle(task_id, outcome, attempt)
+            else:
+                log.warning("cleanup_unconfirmed", task_id=task_id, detail=status.describe())
+                task = await self._unconfirmed(task_id, outcome, attempt, status.describe())
+        self._forget(live)
+        self._wake.set()
+        return task
+
+    def _outcome_for(self, why: str, task: Task, message: str) -> PendingOutcome:
+        if why == "cancel":
+            return PendingOutcome(state=State.CANCELLED)
+        if why == "background":
+            text = task.result.text if task.result else ""
+            return PendingOutcome(state=State.COMPLETED, result=Result(text=text, unresolved_background=True))
+        if why == "shutdown":
+            return PendingOutcome(state=State.QUEUED, failure=Failure(
+                code=FailureCode.GATEWAY_SHUTDOWN, message=message, retryable=True))
+        code = {
+            "stalled": FailureCode.PROGRESS_STALLED,
+            "max_duration": FailureCode.MAX_DURATION_EXCEEDED,
+            "no_first_report": FailureCode.FIRST_REPORT_TIMEOUT,
+        }[why]
+        return PendingOutcome(state=State.FAILED, failure=Failure(code=code, message=message))
+
+    async def _settle(self, task_id: str, outcome: PendingOutcome, attempt: Attempt | None) -> Task:
+        now = self.clock.now_ms()
+
+        def change(t: Task) -> Task | None:
+            if t.terminal:
+                return None
+            if outcome.state == State.QUEUED:
+                assert outcome.failure is not None
+                return domain.resume_after_interruption(t, now, outcome.failure.message)
+            t.state = outcome.state
+            t.updated_at = t.ended_at = now
+            t.inspection = None
+            t.pending_outcome = None
+            if outcome.state == State.CANCELLED:
+                t.failure = None
+                if t.cancellation is not None:
+                    t.cancellation.cleanup = "confirmed"
+            if outcome.failure is not None:
+                t.failure = outcome.failure
+            if outcome.result is not None:
+                t.result = outcome.result
+            return t
+
+        task, stored = await self.store.update_task(task_id, change, "task.state_changed", now, attempt=attempt)
+        self._published(stored, task)
+        return task
+
+    async def _unconfirmed(self, task_id: str, outcome: PendingOutcome, attempt: Attempt, detail: str) -> Task:
+        now = self.clock.now_ms()
+
+        def change(t: Task) -> Task | None:
+            if t.terminal:
+                return None
+            t.state = State.NEEDS_RECONCILIATION
+            t.updated_at = now
+            t.pending_outcome = outcome
+            t.failure = Failure(code=FailureCode.CLEANUP_UNCONFIRMED,
+                                message=f"cannot confirm the worker stopped: {detail}", retryable=True)
+            if t.cancellation is not None:
+                t.cancellation.cleanup = "unconfirmed"
+            return t
+
+        task, stored = await self.store.update_task(task_id, change, "task.state_changed", now, attempt=attempt)
+        self._published(stored, task)
+        return task
+
+    async def retry_cleanup(self, task_id: str) -> Task:
+        domain.validate_task_id(task_id)
+        async with self._locks[task_id]:
+            task = await self.store.get_task(task_id)
+            if task.state != State.NEEDS_RECONCILIATION:
+                return task
+            attempts = await self.store.attempts_of(task_id)
+        outcome = task.pending_outcome or PendingOutcome(state=State.CANCELLED)
+        attempt = attempts[-1] if attempts else None
+        if attempt is not None:
+            status = await processes.stop_tree(
+                attempt, self.tasks_cfg.cancel_grace_ms / 1000, self.tasks_cfg.cleanup_confirm_ms / 1000,
+                self._table_reader,
+            )
+        async with self._locks[task_id]:
+            if attempt is None or status.gone:
+                return await self._settle(task_id, outcome, attempt)
+            return await self._unconfirmed(task_id, outcome, attempt, status.describe())
+
+    # --- supervision ---------------------------------------------------------
+
+    async def _supervise_loop(self) -> None:
+        interval = self.tasks_cfg.supervisor_interval_ms / 1000
+        while not self._closing:
+            await asyncio.sleep(interval)
+            try:
+                await self.supervise_once()
+            except Exception:
+                log.exception("supervise_failed")
+
+    async def supervise_once(self) -> None:
+        """One pass over the live attempts: record descendants, apply the timers."""
+        live = [la for la in self._live.values() if la.process is not None and not la.stopping]
+        if not live:
+            return
+        table = await asyncio.to_thread(self._table_reader)
+        now = self.clock.now_ms()
+        for la in live:
+            if processes.record_descendants(la.attempt, table):
+                await self.store.save_attempt(la.attempt)
+            task = await self.store.find_task(la.attempt.task_id)
+            if task is None:
+                continue
+            verdict = domain.supervise(task, la.attempt, self.tasks_cfg, now, la.profile.uses_sdk)
+            if verdict.verdict == Verdict.NONE:
+                continue
+            if verdict.verdict == Verdict.INSPECT:
+                await self._set_inspection(task.task_id, verdict.detail, now)
+                continue
+            why = {
+                Verdict.STOP_STALLED: "stalled",
+                Verdict.STOP_MAX_DURATION: "max_duration",
+                Verdict.STOP_NO_FIRST_REPORT: "no_first_report",
+                Verdict.ACCEPT_BACKGROUND: "background",
+            }[verdict.verdict]
+            async with self._locks[task.task_id]:
+                if la.stopping or la.exited.is_set():
+                    continue
+                la.stopping = True
+            log.info("supervisor_stopping", task_id=task.task_id, why=why, detail=verdict.detail)
+            self._spawn(self._stop_and_settle(la, why, verdict.detail or why), f"stop-{task.task_id}")
+
+    async def _set_inspection(self, task_id: str, reason: str, now: int) -> None:
+        def change(t: Task) -> Task | None:
+            if t.state not in (State.RUNNING, State.WAITING_INPUT) or t.inspection is not None:
+                return None
+            t.inspection = Inspection(reason=reason, since=now)
+            return t
+
+        task, stored = await self.store.update_task(task_id, change, "task.execution", now)
+        self._published(stored, task)
+
+    # --- worker reports ------------------------------------------------------
+
+    def authenticate(self, token: str) -> LiveAttempt:
+        live = self._by_token.get(hash_token(token)) if token else None
+        if live is None:
+            raise domain.WorkerDenied("INVALID_WORKER_TOKEN", "unknown or stale worker token")
+        return live
+
+    async def assignment(self, token: str) -> tuple[Task, Attempt]:
+        live = self.authenticate(token)
+        attempt = live.attempt
+        task = await self.store.get_task(attempt.task_id)
+        if attempt.first_contact_at is None:
+            attempt.first_contact_at = self.clock.now_ms()
+            await self.store.save_attempt(attempt)
+        return task, attempt
+
+    async def _report(self, token: str, event_type: str, apply: Callable[[Task, int], None]) -> Task:
+        live = self.authenticate(token)
+        now = self.clock.now_ms()
+        if live.attempt.first_contact_at is None:
+            live.attempt.first_contact_at = now
+
+        def change(t: Task) -> Task | None:
+            if t.state not in (State.RUNNING, State.WAITING_INPUT):
+                raise domain.InvalidTransition("TASK_NOT_RUNNING", f"the task is {t.state}; report ignored")
+            apply(t, now)
+            return t
+
+        task, stored = await self.store.update_task(live.attempt.task_id, change, event_type, now)
+        self._published(stored, task)
+        return task
+
+    async def report_progress(self, token: str, text: str) -> None:
+        text = domain.clamp_utf8(text, domain.MAX_PROGRESS_CHARS * 4)[: domain.MAX_PROGRESS_CHARS]
+
+        def apply(t: Task, now: int) -> None:
+            t.progress = Progress(text=text, updated_at=now)
+            t.last_activity_at = now
+            t.inspection = None
+
+        await self._report(token, "task.progress", apply)
+
+    async def report_tool(self, token: str, name: str, status: str, exit_code: int | None) -> None:
+        if not name or len(name) > domain.MAX_TOOL_NAME_CHARS:
+            raise domain.InvalidArgument("INVALID_TOOL", "tool name must be 1-200 characters", field="name")
+        if status not in ("returned", "error"):
+            raise domain.InvalidArgument("INVALID_TOOL_STATUS", "status must be returned or error", field="status")
+        limit = self.tasks_cfg.recent_tools
+
+        def apply(t: Task, now: int) -> None:
+            event = ToolEvent(name=name, status=status, at=now, exit_code=exit_code)
+            t.last_tool = event
+            t.recent_tools = [*t.recent_tools, event][-limit:]
+            t.last_activity_at = now
+            t.updated_at = now  # persisted tool activity counts as an update
+            t.inspection = None
+
+        await self._report(token, "task.tool", apply)
+
+    async def report_touched(self, token: str, paths: list[str]) -> None:
+        for path in paths:
+            if not path or len(path) > domain.MAX_PATH_CHARS or "\x00" in path:
+                raise domain.InvalidArgument("INVALID_PATH", "paths must be 1-4096 characters", field="paths")
+        limit = self.tasks_cfg.observed_paths
+
+        def apply(t: Task, now: int) -> None:
+            merged = list(dict.fromkeys([*t.observed_paths, *paths]))
+            t.observed_paths = merged[-limit:]
+
+        await self._report(token, "task.tool", apply)
+
+    async def report_usage(self, token: str, usage: Usage) -> None:
+        for value in (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens):
+            if value is not None and value < 0:
+                raise domain.InvalidArgument("INVALID_USAGE", "token counters must be 0 or more", field="usage")
+        live = self.authenticate(token)
+        task = await self.store.get_task(live.attempt.task_id)
+        if task.state not in (State.RUNNING, State.WAITING_INPUT):
+            raise domain.InvalidTransition("TASK_NOT_RUNNING", f"the task is {task.state}; report ignored")
+        live.attempt.usage = usage
+        await self.store.save_attempt(live.attempt)
+
+    async def report_result(self, token: str, text: str, unresolved_background: bool) -> None:
+        if len(text.encode()) > domain.MAX_RESULT_BYTES:
+            raise domain.InvalidArgument("FIELD_TOO_LONG", "result exceeds 256 KiB", field="text")
+
+        def apply(t: Task, now: int) -> None:
+            t.result = Result(text=text, unresolved_background=unresolved_background)
+            t.result_reported_at = now
+            t.last_activity_at = now
+
+        await self._report(token, "task.progress", apply)
+
+    # --- recovery ------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Settle tasks an earlier incarnation left active: stop its worker, then resume."""
+        for task in await self.store.tasks_in_states(ACTIVE):
+            attempts = await self.store.attempts_of(task.task_id)
+            attempt = attempts[-1] if attempts else None
+            if attempt is not None and attempt.boot_id == self.boot_id:
+                continue
+            was_cancelling = task.state == State.CANCEL_REQUESTED
+            now = self.clock.now_ms()
+            if task.state != State.RECOVERING:
+                def to_recovering(t: Task) -> Task:
+                    t.state = State.RECOVERING
+                    t.updated_at = now
+                    return t
+
+                task, stored = await self.store.update_task(task.task_id, to_recovering, "task.state_changed", now)
+                self._published(stored, task)
+            outcome = (
+                PendingOutcome(state=State.CANCELLED) if was_cancelling or task.cancellation else
+                PendingOutcome(state=State.QUEUED, failure=Failure(
+                    code=FailureCode.GATEWAY_SHUTDOWN, message="the scheduler restarted", retryable=True))
+            )
+            if attempt is None:
+                await self._settle(task.task_id, outcome, None)
+                continue
+            status = await processes.stop_tree(
+                attempt, self.tasks_cfg.cancel_grace_ms / 1000, self.tasks_cfg.cleanup_confirm_ms / 1000,
+                self._table_reader,
+            )
+            attempt.outcome = attempt.outcome or "interrupted"
+            attempt.ended_at = attempt.ended_at or now
+            if status.gone:
+                await self._settle(task.task_id, outcome, attempt)
+            else:
+                await self._unconfirmed(task.task_id, outcome, attempt, status.describe())
+            log.info("recovered_task", task_id=task.task_id, confirmed=status.gone)

@@ -1,0 +1,276 @@
+"""Scheduler persistence: tasks, attempts and the task event history.
+
+A task row keeps the columns queries need and the rest of the domain object as a
+JSON document, so a field added later reads with its default from older rows.
+Every state change is one transaction that also appends a task event.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import func
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from libs.db import Database, Migration
+from services.scheduler.domain import (
+    ACTIVE,
+    TERMINAL,
+    Attempt,
+    State,
+    Task,
+    TaskNotFound,
+    check_transition,
+)
+
+MIGRATIONS = [
+    Migration(
+        1,
+        "tasks, attempts, task events",
+        [
+            "CREATE TABLE tasks ("
+            " task_id VARCHAR(32) PRIMARY KEY, agent_id VARCHAR(128) NOT NULL,"
+            " session_id VARCHAR(128) NOT NULL, state VARCHAR(32) NOT NULL,"
+            " request_id VARCHAR(128), created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL,"
+            " doc TEXT NOT NULL)",
+            "CREATE INDEX ix_tasks_session ON tasks (agent_id, session_id, created_at)",
+            "CREATE INDEX ix_tasks_state ON tasks (state, created_at)",
+            "CREATE UNIQUE INDEX ux_tasks_request ON tasks (agent_id, session_id, request_id)",
+            "CREATE TABLE attempts ("
+            " attempt_id VARCHAR(32) PRIMARY KEY,"
+            " task_id VARCHAR(32) NOT NULL REFERENCES tasks(task_id),"
+            " number INTEGER NOT NULL, token_hash VARCHAR(64) NOT NULL, doc TEXT NOT NULL)",
+            "CREATE INDEX ix_attempts_task ON attempts (task_id, number)",
+            "CREATE UNIQUE INDEX ux_attempts_token ON attempts (token_hash)",
+            "CREATE TABLE task_events ("
+            " id INTEGER PRIMARY KEY, task_id VARCHAR(32) NOT NULL REFERENCES tasks(task_id),"
+            " type VARCHAR(40) NOT NULL, at BIGINT NOT NULL, state VARCHAR(32) NOT NULL, doc TEXT NOT NULL)",
+            "CREATE INDEX ix_task_events_task ON task_events (task_id, id)",
+        ],
+    ),
+]
+
+
+class TaskRow(SQLModel, table=True):
+    __tablename__ = "tasks"
+    task_id: str = Field(primary_key=True)
+    agent_id: str
+    session_id: str
+    state: str
+    request_id: str | None = None
+    created_at: int
+    updated_at: int
+    doc: str
+
+
+class AttemptRow(SQLModel, table=True):
+    __tablename__ = "attempts"
+    attempt_id: str = Field(primary_key=True)
+    task_id: str
+    number: int
+    token_hash: str
+    doc: str
+
+
+class TaskEventRow(SQLModel, table=True):
+    __tablename__ = "task_events"
+    id: int | None = Field(default=None, primary_key=True)
+    task_id: str
+    type: str
+    at: int
+    state: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    id: int
+    type: str
+    at: int
+    task: Task
+
+
+def _task_from_row(row: TaskRow) -> Task:
+    return Task.model_validate_json(row.doc)
+
+
+def _write_task(session: Session, task: Task, row: TaskRow | None = None) -> None:
+    doc = task.model_dump_json(exclude_none=True)
+    if row is None:
+        session.add(
+            TaskRow(
+                task_id=task.task_id, agent_id=task.agent_id, session_id=task.session_id,
+                state=task.state.value, request_id=task.request_id, created_at=task.created_at,
+                updated_at=task.updated_at, doc=doc,
+            )
+        )
+    else:
+        row.state = task.state.value
+        row.updated_at = task.updated_at
+        row.doc = doc
+        session.add(row)
+
+
+def _append_event(session: Session, task: Task, event_type: str, at: int) -> TaskEventRow:
+    event = TaskEventRow(
+        task_id=task.task_id, type=event_type, at=at, state=task.state.value,
+        doc=json.dumps({"state": task.state.value}),
+    )
+    session.add(event)
+    session.flush()
+    return event
+
+
+class SchedulerStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # --- tasks -------------------------------------------------------------
+
+    async def create_task(self, task: Task) -> tuple[Task, StoredEvent | None]:
+        """Insert a new queued task, or return the earlier one with the same request id."""
+
+        def work(s: Session) -> tuple[Task, StoredEvent | None]:
+            if task.request_id:
+                existing = s.exec(
+                    select(TaskRow).where(
+                        TaskRow.agent_id == task.agent_id,
+                        TaskRow.session_id == task.session_id,
+                        TaskRow.request_id == task.request_id,
+                    )
+                ).first()
+                if existing is not None:
+                    return _task_from_row(existing), None
+            _write_task(s, task)
+            s.flush()
+            event = _append_event(s, task, "task.state_changed", task.created_at)
+            return task, StoredEvent(event.id or 0, event.type, event.at, task)
+
+        return await self.db.run(work)
+
+    async def get_task(self, task_id: str) -> Task:
+        def work(s: Session) -> Task:
+            row = s.get(TaskRow, task_id)
+            if row is None:
+                raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
+            return _task_from_row(row)
+
+        return await self.db.run(work)
+
+    async def find_task(self, task_id: str) -> Task | None:
+        def work(s: Session) -> Task | None:
+            row = s.get(TaskRow, task_id)
+            return _task_from_row(row) if row else None
+
+        return await self.db.run(work)
+
+    async def list_tasks(
+        self, agent_id: str, session_id: str, include_finished: bool, page: int, page_size: int,
+        clamp: Callable[[int], int],
+    ) -> tuple[int, list[Task]]:
+        """(total, tasks of the clamped page), newest first."""
+
+        def work(s: Session) -> tuple[int, list[Task]]:
+            where = [TaskRow.agent_id == agent_id, TaskRow.session_id == session_id]
+            if not include_finished:
+                where.append(col(TaskRow.state).not_in([t.value for t in TERMINAL]))
+            total = s.exec(select(func.count()).select_from(TaskRow).where(*where)).one()
+            page_index = clamp(total)
+            rows = s.exec(
+                select(TaskRow)
+                .where(*where)
+                .order_by(col(TaskRow.created_at).desc(), col(TaskRow.task_id).desc())
+                .offset(page_index * page_size)
+                .limit(page_size)
+            ).all()
+            return total, [_task_from_row(r) for r in rows]
+
+        return await self.db.run(work)
+
+    async def tasks_in_states(self, states: Iterable[State], limit: int = 1000) -> list[Task]:
+        values = [s.value for s in states]
+
+        def work(s: Session) -> list[Task]:
+            rows = s.exec(
+                select(TaskRow)
+                .where(col(TaskRow.state).in_(values))
+                .order_by(col(TaskRow.created_at), col(TaskRow.task_id))
+                .limit(limit)
+            ).all()
+            return [_task_from_row(r) for r in rows]
+
+        return await self.db.run(work)
+
+    async def update_task(
+        self,
+        task_id: str,
+        change: Callable[[Task], Task | None],
+        event_type: str | None,
+        at: int,
+        attempt: Attempt | None = None,
+    ) -> tuple[Task, StoredEvent | None]:
+        """Load, change and save a task in one transaction.
+
+        ``change`` returns the new task (its state validated against the old one)
+        or None for "nothing to do". An attempt passed along is saved in the same
+        transaction.
+        """
+
+        def work(s: Session) -> tuple[Task, StoredEvent | None]:
+            row = s.get(TaskRow, task_id)
+            if row is None:
+                raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
+            before = _task_from_row(row)
+            after = change(before.model_copy(deep=True))
+            if after is None:
+                return before, None
+            if after.state != before.state:
+                check_transition(before.state, after.state)
+            _write_task(s, after, row)
+            if attempt is not None:
+                _write_attempt(s, attempt)
+            event = _append_event(s, after, event_type, at) if event_type else None
+            return after, (StoredEvent(event.id or 0, event.type, event.at, after) if event else None)
+
+        return await self.db.run(work)
+
+    # --- attempts ----------------------------------------------------------
+
+    async def save_attempt(self, attempt: Attempt) -> None:
+        await self.db.run(lambda s: _write_attempt(s, attempt))
+
+    async def attempts_of(self, task_id: str) -> list[Attempt]:
+        def work(s: Session) -> list[Attempt]:
+            rows = s.exec(
+                select(AttemptRow).where(AttemptRow.task_id == task_id).order_by(col(AttemptRow.number))
+            ).all()
+            return [Attempt.model_validate_json(r.doc) for r in rows]
+
+        return await self.db.run(work)
+
+    async def attempt_by_token_hash(self, token_hash: str) -> Attempt | None:
+        def work(s: Session) -> Attempt | None:
+            row = s.exec(select(AttemptRow).where(AttemptRow.token_hash == token_hash)).first()
+            return Attempt.model_validate_json(row.doc) if row else None
+
+        return await self.db.run(work)
+
+    async def active_tasks(self) -> list[Task]:
+        return await self.tasks_in_states(ACTIVE)
+
+
+def _write_attempt(s: Session, attempt: Attempt) -> None:
+    row = s.get(AttemptRow, attempt.attempt_id)
+    doc = attempt.model_dump_json(exclude_none=True)
+    if row is None:
+        s.add(
+            AttemptRow(
+                attempt_id=attempt.attempt_id, task_id=attempt.task_id, number=attempt.number,
+                token_hash=attempt.token_hash, doc=doc,
+            )
+        )
+    else:
+        row.doc = doc
+        s.add(row)
