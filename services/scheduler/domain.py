@@ -7,7 +7,6 @@ passed in by the caller (the injected clock).
 from __future__ import annotations
 
 import math
-import re
 import signal
 from dataclasses import dataclass
 from enum import StrEnum
@@ -15,10 +14,9 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from libs import errors
+from libs.ids import ID_PATTERN, UUID_HEX_PATTERN
 from libs.settings import TaskSettings
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-UUID_PATTERN = re.compile(r"^[0-9a-f]{32}$")
 MAX_TITLE_CHARS = 200
 MAX_INSTRUCTIONS_BYTES = 64 * 1024
 MAX_PROGRESS_CHARS = 4000
@@ -264,7 +262,7 @@ def validate_id(kind: str, value: str) -> str:
 
 
 def validate_task_id(value: str) -> str:
-    if not UUID_PATTERN.match(value or ""):
+    if not UUID_HEX_PATTERN.match(value or ""):
         raise InvalidArgument("INVALID_ID", "taskId must be 32 lowercase hex characters", field="taskId")
     return value
 

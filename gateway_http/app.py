@@ -1,0 +1,42 @@
+"""The ASGI application. FastAPI: request validation and the OpenAPI document come
+from the same pydantic models, and it has native SSE for the activity stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import grpc
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway_http import errors
+from gateway_http.backends import Backends
+from gateway_http.middleware import RequestContextMiddleware
+from gateway_http.routes import health, tasks
+from gateway_http.store import GatewayStore
+from libs.settings import Settings
+
+
+def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # grpc.aio channels belong to the serving event loop.
+        app.state.backends = Backends.open(settings)
+        try:
+            yield
+        finally:
+            await app.state.backends.close()
+
+    app = FastAPI(title="taskgate", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.settings = settings
+    app.state.store = store
+    app.add_exception_handler(errors.ApiError, errors.api_error_handler)
+    app.add_exception_handler(grpc.aio.AioRpcError, errors.rpc_error_handler)
+    app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
+    app.include_router(health.router)
+    app.include_router(tasks.router)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,46 @@
+"""gRPC channels and stubs to the internal services, opened in the app's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from libs.grpc_client import aio_channel
+from libs.settings import Settings
+from taskgate.scheduler.v1 import scheduler_pb2_grpc
+
+BACKEND_NAMES = ("scheduler", "pending", "telemetry", "notifier")
+
+
+@dataclass
+class Backends:
+    channels: dict[str, grpc.aio.Channel]
+    scheduler: scheduler_pb2_grpc.SchedulerServiceStub
+    timeout_s: float
+
+    @classmethod
+    def open(cls, settings: Settings) -> Backends:
+        channels = {name: aio_channel(getattr(settings, f"{name}_addr")) for name in BACKEND_NAMES}
+        return cls(
+            channels=channels,
+            scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels["scheduler"]),
+            timeout_s=settings.rpc_timeout_ms / 1000,
+        )
+
+    async def health(self, timeout_s: float = 1.0) -> dict[str, str]:
+        async def check(name: str, channel: grpc.aio.Channel) -> tuple[str, str]:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+                return name, health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.aio.AioRpcError as exc:
+                return name, f"UNREACHABLE ({exc.code().name})"
+
+        results = await asyncio.gather(*(check(n, c) for n, c in self.channels.items()))
+        return dict(results)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.channels.values()))

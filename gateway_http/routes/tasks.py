@@ -1,0 +1,158 @@
+"""Task endpoints: /api/v1/agents/{agentId}/sessions/{sessionId}/tasks..."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway_http.auth import SessionCaller
+from gateway_http.backends import Backends
+from gateway_http.convert import task_json
+from gateway_http.errors import ApiError
+from libs.ids import UUID_HEX_PATTERN
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+
+router = APIRouter(prefix="/api/v1/agents/{agentId}/sessions/{sessionId}", tags=["tasks"])
+
+
+class CreateTaskBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    title: str = Field(max_length=200)
+    instructions: str = Field(default="", max_length=65536)
+    profile: str | None = Field(default=None, max_length=128)
+    requestId: str | None = Field(default=None, max_length=128)
+    harness: str | None = Field(default=None, max_length=100)
+    harnessModel: str | None = Field(default=None, max_length=100)
+
+
+class CancelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    replacedByTaskId: str | None = Field(default=None, max_length=32)
+
+
+class TaskEnvelope(BaseModel):
+    task: dict[str, Any]
+
+
+class TaskPageBody(BaseModel):
+    page: int
+    pages: int
+    total: int
+    tasks: list[dict[str, Any]]
+
+
+def _backends(request: Request) -> Backends:
+    return request.app.state.backends  # type: ignore[no-any-return]
+
+
+def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
+    return (("x-request-id", request.state.request_id),)
+
+
+def _parse_int(name: str, raw: str | None, default: int) -> int:
+    if raw is None or raw == "":
+        return default
+    if not raw.lstrip("-").isdigit() or len(raw) > 9:
+        raise ApiError(400, "INVALID_PAGINATION", f"{name} must be an integer")
+    return int(raw)
+
+
+def _parse_bool(name: str, raw: str | None) -> bool:
+    if raw is None or raw == "":
+        return False
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ApiError(400, "INVALID_PAGINATION", f"{name} must be true or false")
+
+
+async def owned_task(request: Request, caller: SessionCaller, task_id: str) -> pb.Task:
+    """The task, after checking it belongs to the caller's agent and session."""
+    if not UUID_HEX_PATTERN.match(task_id):
+        raise ApiError(400, "INVALID_ID", "taskId must be 32 lowercase hex characters")
+    backends = _backends(request)
+    reply = await backends.scheduler.GetTask(
+        pb.GetTaskRequest(task_id=task_id), timeout=backends.timeout_s, metadata=_metadata(request)
+    )
+    if reply.task.agent_id != caller.agent_id or reply.task.session_id != caller.session_id:
+        raise ApiError(403, "TASK_ACCESS_DENIED", "the task does not belong to this session")
+    return reply.task
+
+
+@router.post("/tasks", status_code=201, response_model=TaskEnvelope)
+async def create_task(request: Request, caller: SessionCaller, body: CreateTaskBody) -> JSONResponse:
+    backends = _backends(request)
+    reply = await backends.scheduler.CreateTask(
+        pb.CreateTaskRequest(
+            agent_id=caller.agent_id, session_id=caller.session_id, title=body.title,
+            instructions=body.instructions, profile=body.profile or "", request_id=body.requestId or "",
+            harness=body.harness or "", harness_model=body.harnessModel or "",
+        ),
+        timeout=backends.timeout_s, metadata=_metadata(request),
+    )
+    return JSONResponse({"task": task_json(reply.task)}, status_code=201)
+
+
+@router.get("/tasks", response_model=TaskPageBody)
+async def list_tasks(request: Request, caller: SessionCaller) -> dict[str, Any]:
+    query = request.query_params
+    page = _parse_int("page", query.get("page"), 0)
+    page_size = _parse_int("page_size", query.get("page_size"), 10)
+    if page < 0:
+        raise ApiError(400, "INVALID_PAGINATION", "page must be 0 or more")
+    if not 1 <= page_size <= 100:
+        raise ApiError(400, "INVALID_PAGINATION", "page_size must be between 1 and 100")
+    include_finished = _parse_bool("all", query.get("all"))
+    backends = _backends(request)
+    reply = await backends.scheduler.ListTasks(
+        pb.ListTasksRequest(
+            agent_id=caller.agent_id, session_id=caller.session_id, page=page, page_size=page_size,
+            include_finished=include_finished,
+        ),
+        timeout=backends.timeout_s, metadata=_metadata(request),
+    )
+    return {"page": reply.page, "pages": reply.pages, "total": reply.total,
+            "tasks": [task_json(t) for t in reply.tasks]}
+
+
+@router.get("/tasks/{taskId}", response_model=TaskEnvelope)
+async def get_task(request: Request, caller: SessionCaller, taskId: str) -> dict[str, Any]:
+    return {"task": task_json(await owned_task(request, caller, taskId))}
+
+
+@router.post("/tasks/{taskId}/cancel")
+async def cancel_task(
+    request: Request, caller: SessionCaller, taskId: str, body: CancelBody | None = None
+) -> dict[str, Any]:
+    caller.require_tool("task_cancel")
+    await owned_task(request, caller, taskId)
+    replaced_by = body.replacedByTaskId if body else None
+    if replaced_by:
+        if not UUID_HEX_PATTERN.match(replaced_by):
+            raise ApiError(400, "INVALID_ID", "replacedByTaskId must be 32 lowercase hex characters")
+        replacement = await owned_task(request, caller, replaced_by)
+        if replacement.task_id == taskId:
+            raise ApiError(400, "INVALID_ARGUMENT", "a task cannot replace itself")
+    backends = _backends(request)
+    reply = await backends.scheduler.CancelTask(
+        pb.CancelTaskRequest(task_id=taskId, cause="user_canceled", replaced_by_task_id=replaced_by or ""),
+        timeout=backends.timeout_s, metadata=_metadata(request),
+    )
+    snapshot = task_json(reply.task)
+    return {"task": {"taskId": snapshot["taskId"], "state": snapshot["state"]}}
+
+
+@router.post("/tasks/{taskId}/retry-cleanup", response_model=TaskEnvelope)
+async def retry_cleanup(request: Request, caller: SessionCaller, taskId: str) -> dict[str, Any]:
+    caller.require_tool("task_cancel")
+    await owned_task(request, caller, taskId)
+    backends = _backends(request)
+    reply = await backends.scheduler.RetryCleanup(
+        pb.RetryCleanupRequest(task_id=taskId), timeout=backends.timeout_s + 30, metadata=_metadata(request)
+    )
+    return {"task": task_json(reply.task)}

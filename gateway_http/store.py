@@ -1,0 +1,161 @@
+"""The gateway's own database: API keys (hashed) and session memberships."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from libs.db import Database, Migration
+
+KEY_PREFIX = "tg_"
+
+MIGRATIONS = [
+    Migration(
+        1,
+        "api keys and memberships",
+        [
+            "CREATE TABLE api_keys ("
+            " key_id VARCHAR(32) PRIMARY KEY, key_hash VARCHAR(64) NOT NULL UNIQUE,"
+            " display_prefix VARCHAR(16) NOT NULL, principal VARCHAR(128) NOT NULL,"
+            " agents TEXT NOT NULL, allow_tools TEXT, created_at BIGINT NOT NULL, revoked_at BIGINT)",
+            "CREATE TABLE memberships ("
+            " agent_id VARCHAR(128) NOT NULL, session_id VARCHAR(128) NOT NULL,"
+            " principal VARCHAR(128) NOT NULL, created_at BIGINT NOT NULL,"
+            " PRIMARY KEY (agent_id, session_id, principal))",
+        ],
+    ),
+]
+
+
+class ApiKeyRow(SQLModel, table=True):
+    __tablename__ = "api_keys"
+    key_id: str = Field(primary_key=True)
+    key_hash: str
+    display_prefix: str
+    principal: str
+    agents: str  # JSON list of agent ids
+    allow_tools: str | None = None  # JSON list; None allows every tool
+    created_at: int
+    revoked_at: int | None = None
+
+
+class MembershipRow(SQLModel, table=True):
+    __tablename__ = "memberships"
+    agent_id: str = Field(primary_key=True)
+    session_id: str = Field(primary_key=True)
+    principal: str = Field(primary_key=True)
+    created_at: int
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    key_id: str
+    principal: str
+    agents: tuple[str, ...]
+    allow_tools: tuple[str, ...] | None
+    display_prefix: str
+    created_at: int
+    revoked_at: int | None
+
+    def allows_tool(self, tool: str) -> bool:
+        return self.allow_tools is None or tool in self.allow_tools
+
+
+def hash_key(key: str) -> str:
+    # Keys are 256 random bits, so a fast hash is enough: there is nothing to
+    # brute-force, and lookups stay a single indexed equality.
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _to_key(row: ApiKeyRow) -> ApiKey:
+    tools = json.loads(row.allow_tools) if row.allow_tools is not None else None
+    return ApiKey(
+        key_id=row.key_id, principal=row.principal, agents=tuple(json.loads(row.agents)),
+        allow_tools=tuple(tools) if tools is not None else None, display_prefix=row.display_prefix,
+        created_at=row.created_at, revoked_at=row.revoked_at,
+    )
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+class GatewayStore:
+    """Sync methods (for the CLI) with async wrappers on the database thread (for the app)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # --- keys ----------------------------------------------------------------
+
+    @staticmethod
+    def create_key(s: Session, principal: str, agents: list[str], allow_tools: list[str] | None) -> tuple[ApiKey, str]:
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        row = ApiKeyRow(
+            key_id=uuid.uuid4().hex, key_hash=hash_key(secret), display_prefix=secret[:10],
+            principal=principal, agents=json.dumps(sorted(set(agents))),
+            allow_tools=json.dumps(sorted(set(allow_tools))) if allow_tools is not None else None,
+            created_at=_now(),
+        )
+        s.add(row)
+        return _to_key(row), secret
+
+    @staticmethod
+    def list_keys(s: Session) -> list[ApiKey]:
+        return [_to_key(r) for r in s.exec(select(ApiKeyRow).order_by(col(ApiKeyRow.created_at))).all()]
+
+    @staticmethod
+    def revoke_key(s: Session, key_id: str) -> bool:
+        row = s.get(ApiKeyRow, key_id)
+        if row is None or row.revoked_at is not None:
+            return False
+        row.revoked_at = _now()
+        s.add(row)
+        return True
+
+    @staticmethod
+    def find_key(s: Session, secret: str) -> ApiKey | None:
+        row = s.exec(select(ApiKeyRow).where(ApiKeyRow.key_hash == hash_key(secret))).first()
+        return _to_key(row) if row is not None and row.revoked_at is None else None
+
+    # --- memberships -----------------------------------------------------------
+
+    @staticmethod
+    def add_member(s: Session, agent_id: str, session_id: str, principal: str) -> bool:
+        if s.get(MembershipRow, (agent_id, session_id, principal)) is not None:
+            return False
+        s.add(MembershipRow(agent_id=agent_id, session_id=session_id, principal=principal, created_at=_now()))
+        return True
+
+    @staticmethod
+    def remove_member(s: Session, agent_id: str, session_id: str, principal: str) -> bool:
+        row = s.get(MembershipRow, (agent_id, session_id, principal))
+        if row is None:
+            return False
+        s.delete(row)
+        return True
+
+    @staticmethod
+    def list_members(s: Session, agent_id: str | None = None) -> list[MembershipRow]:
+        query = select(MembershipRow).order_by(col(MembershipRow.agent_id), col(MembershipRow.session_id))
+        if agent_id:
+            query = query.where(MembershipRow.agent_id == agent_id)
+        return list(s.exec(query).all())
+
+    @staticmethod
+    def is_member(s: Session, agent_id: str, session_id: str, principal: str) -> bool:
+        return s.get(MembershipRow, (agent_id, session_id, principal)) is not None
+
+    # --- async, for request handling ---------------------------------------------
+
+    async def authenticate(self, secret: str) -> ApiKey | None:
+        return await self.db.run(lambda s: self.find_key(s, secret))
+
+    async def member(self, agent_id: str, session_id: str, principal: str) -> bool:
+        return await self.db.run(lambda s: self.is_member(s, agent_id, session_id, principal))

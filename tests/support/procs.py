@@ -1,0 +1,82 @@
+"""Starting real taskgate processes for tests: free ports, health waits, clean stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_grpc_serving(addr: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    with grpc.insecure_channel(addr) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"process for {addr} exited with {proc.returncode}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError as exc:
+                last = exc
+            time.sleep(0.05)
+    raise TimeoutError(f"{addr} not SERVING within {timeout_s}s: {last}")
+
+
+class ServiceProcess:
+    """One ``python -m <module>`` child with its own log file."""
+
+    def __init__(self, module: str, env: Mapping[str, str], log_path: Path, addr: str | None = None) -> None:
+        self.module = module
+        self.env = dict(env)
+        self.log_path = log_path
+        self.addr = addr
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True) -> ServiceProcess:
+        full_env = {**os.environ, **self.env, "TASKGATE_LOG_FORMAT": "json"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's exit
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module], cwd=REPO, env=full_env, stdout=log_file, stderr=log_file,
+        )
+        log_file.close()
+        if wait and self.addr:
+            wait_grpc_serving(self.addr, proc=self.proc)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

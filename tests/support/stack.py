@@ -1,0 +1,117 @@
+"""The whole taskgate system as separate processes on free ports, for end-to-end tests."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.procs import REPO, ServiceProcess, free_port
+
+BEHAVE = REPO / "tests" / "workers" / "behave.py"
+
+TEST_CONFIG = """
+[tasks]
+max_running = {max_running}
+cancel_grace_ms = {cancel_grace_ms}
+cleanup_confirm_ms = 1500
+supervisor_interval_ms = 100
+observation_interval_ms = 200
+progress_stale_limit_ms = {progress_stale_limit_ms}
+max_duration_ms = {max_duration_ms}
+background_grace_ms = {background_grace_ms}
+idle_timeout_ms = {idle_timeout_ms}
+
+[workers.default-worker]
+command = ["python", "-m", "examples.workers.demo"]
+
+[workers.behave]
+command = ["python", "{behave}"]
+uses_sdk = true
+
+[workers.exit-at-once]
+command = ["python", "-c", "pass"]
+
+[workers.sleeper]
+command = ["sleep", "300"]
+
+[agents.agent-off]
+orchestration_enabled = false
+"""
+
+SERVICES = [
+    ("scheduler", "services.scheduler", "TASKGATE_SCHEDULER_ADDR"),
+    ("pending", "services.pending_registry", "TASKGATE_PENDING_ADDR"),
+    ("telemetry", "services.telemetry_agent", "TASKGATE_TELEMETRY_ADDR"),
+    ("notifier", "services.notifier", "TASKGATE_NOTIFIER_ADDR"),
+]
+
+
+@dataclass
+class Stack:
+    data_dir: Path
+    env: dict[str, str]
+    http_url: str
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    def addr(self, name: str) -> str:
+        return self.env[dict((n, e) for n, _, e in SERVICES)[name]]
+
+    def start(self) -> Stack:
+        for name, module, env_name in SERVICES:
+            self.procs[name] = ServiceProcess(module, self.env, self.data_dir / "logs" / f"{name}.log",
+                                              self.env[env_name]).start(wait=False)
+        self.procs["gateway"] = ServiceProcess("gateway_http", self.env, self.data_dir / "logs" / "gateway.log")
+        self.procs["gateway"].start(wait=False)
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.proc is not None and proc.proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited early:\n{proc.logs()[-3000:]}")
+            try:
+                last = httpx.get(f"{self.http_url}/healthz", timeout=2)
+                if last.status_code == 200:
+                    return
+            except httpx.HTTPError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise TimeoutError(f"stack not healthy: {last}")
+
+    def restart(self, name: str) -> None:
+        self.procs[name].stop()
+        self.procs[name].start(wait=name != "gateway")
+        self.wait_healthy()
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{p.logs()[-4000:]}" for n, p in self.procs.items())
+
+
+def make_stack(data_dir: Path, **tasks: int) -> Stack:
+    settings = {
+        "max_running": 4, "cancel_grace_ms": 1000, "progress_stale_limit_ms": 0, "max_duration_ms": 0,
+        "background_grace_ms": 900000, "idle_timeout_ms": 300000, **tasks,
+    }
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = data_dir / "taskgate.toml"
+    config.write_text(TEST_CONFIG.format(behave=BEHAVE, **settings))
+    http_port = free_port()
+    env = {
+        "TASKGATE_CONFIG": str(config),
+        "TASKGATE_DATA_DIR": str(data_dir),
+        "TASKGATE_HTTP_ADDR": f"127.0.0.1:{http_port}",
+    }
+    for _, _, env_name in SERVICES:
+        env[env_name] = f"127.0.0.1:{free_port()}"
+    return Stack(data_dir=data_dir, env=env, http_url=f"http://127.0.0.1:{http_port}")

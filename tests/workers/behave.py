@@ -1,0 +1,73 @@
+"""A worker whose behaviour is scripted by its instructions (a JSON list of steps).
+
+Used by the tests and benchmarks; run by absolute path, so it imports only the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from libs.worker_sdk import Worker
+
+
+def main() -> int:
+    w = Worker.from_env()
+    steps = json.loads(w.instructions or "[]")
+    for step in steps:
+        (action, arg), = step.items()
+        if action == "progress":
+            w.progress(arg)
+        elif action == "tool":
+            w.tool(arg["name"], arg.get("status", "returned"), arg.get("exit_code"))
+        elif action == "touched":
+            w.touched(*arg)
+        elif action == "usage":
+            w.usage(**arg)
+        elif action == "result":
+            w.result(arg["text"], unresolved_background=arg.get("unresolved_background", False))
+        elif action == "sleep":
+            time.sleep(arg)
+        elif action == "exit":
+            return int(arg)
+        elif action == "trap_term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif action == "write_pid":
+            Path(arg).write_text(str(os.getpid()))
+        elif action == "grandchild":
+            # sh forks sleep: a grandchild in the worker's own process group.
+            child = subprocess.Popen(["sh", "-c", f"sleep {arg['seconds']}; :"])
+            _wait_for_child_of(child.pid)
+            Path(arg["pid_file"]).write_text(str(child.pid))
+        elif action == "escape":
+            # A child in a new session: it leaves the worker's process group.
+            child = subprocess.Popen(["sleep", str(arg["seconds"])], start_new_session=True)
+            Path(arg["pid_file"]).write_text(str(child.pid))
+        elif action == "burn":
+            end = time.monotonic() + arg
+            while time.monotonic() < end:
+                pass
+        elif action == "ask":
+            answer = w.ask(arg)
+            w.progress(f"answer: {answer}")
+        else:
+            print(f"unknown step {action}", file=sys.stderr)
+            return 90
+    return 0
+
+
+def _wait_for_child_of(pid: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/task/{pid}/children").read_text().strip():
+            return
+        time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
