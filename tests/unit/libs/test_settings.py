@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from libs.settings import SettingsError, load_settings
+
+
+def test_defaults_come_from_the_shipped_config() -> None:
+    s = load_settings({})
+    assert s.scheduler_addr == "127.0.0.1:50051" and s.http_addr == "127.0.0.1:8080"
+    assert s.tasks.idle_timeout_ms == 300000 and s.tasks.cancel_grace_ms == 5000
+    assert s.workers["default-worker"].command == ["python", "-m", "examples.workers.demo"]
+    assert s.db_url("scheduler").startswith("sqlite:///") and s.db_url("scheduler").endswith("var/scheduler.db")
+
+
+def test_toml_then_environment(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('pending_addr = "127.0.0.1:6000"\n[tasks]\ndefault_timeout_ms = 42\nmax_running = 2\n'
+                      '[workers.w]\ncommand = ["true"]\nharness = "codex"\n')
+    s = load_settings({"TASKGATE_CONFIG": str(config), "TASKGATE_TASKS_MAX_RUNNING": "7",
+                       "TASKGATE_DATA_DIR": str(tmp_path), "TASKGATE_WORKER_TOKEN": "ignored"})
+    assert s.pending_addr == "127.0.0.1:6000"
+    assert s.tasks.idle_timeout_ms == 42, "default_timeout_ms is the alias of idle_timeout_ms"
+    assert s.tasks.max_running == 7 and s.data_dir == tmp_path
+    assert s.workers["w"].harness == "codex"
+
+
+@pytest.mark.parametrize(
+    ("env", "toml", "needle"),
+    [
+        ({"TASKGATE_TASKS_MAX_RUNNING": "many"}, "", "tasks.max_running"),
+        ({"TASKGATE_SCHEDULER_ADDR": "nohostport"}, "", "scheduler_addr"),
+        ({}, "[tasks]\nunknown_knob = 1\n", "tasks.unknown_knob"),
+        ({}, "[workers.w]\ncommand = []\n", "workers.w.command"),
+        ({}, "this is not toml", "cannot read config"),
+    ],
+)
+def test_bad_configuration_names_the_problem(tmp_path: Path, env: dict[str, str], toml: str, needle: str) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(toml)
+    with pytest.raises(SettingsError) as err:
+        load_settings({"TASKGATE_CONFIG": str(config), **env})
+    assert needle in str(err.value)
+
+
+def test_a_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="does not exist"):
+        load_settings({"TASKGATE_CONFIG": str(tmp_path / "absent.toml")})

@@ -1,0 +1,185 @@
+"""Task rules without processes, gRPC or a database; times are plain numbers (the injected clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from libs.settings import TaskSettings
+from services.scheduler import domain
+from services.scheduler.domain import (
+    Attempt,
+    NewTask,
+    PageRequest,
+    Progress,
+    Result,
+    State,
+    Task,
+    Verdict,
+)
+
+T0 = 1_000_000
+
+
+def make_task(state: State = State.RUNNING, **kw: object) -> Task:
+    base: dict[str, object] = dict(
+        task_id="a" * 32, agent_id="agent", session_id="s", title="t", instructions="", profile="p",
+        state=state, created_at=T0, updated_at=T0, first_started_at=T0, started_at=T0,
+    )
+    base.update(kw)
+    return Task(**base)  # type: ignore[arg-type]
+
+
+def make_attempt(**kw: object) -> Attempt:
+    base: dict[str, object] = dict(attempt_id="b" * 32, task_id="a" * 32, number=1, boot_id="x",
+                                   token_hash="h", started_at=T0)
+    base.update(kw)
+    return Attempt(**base)  # type: ignore[arg-type]
+
+
+SETTINGS = TaskSettings(idle_timeout_ms=1000, progress_stale_limit_ms=5000, max_duration_ms=20000,
+                        background_grace_ms=3000, first_report_timeout_ms=2000)
+
+
+@pytest.mark.parametrize("terminal", sorted(domain.TERMINAL))
+@pytest.mark.parametrize("target", list(State))
+def test_a_terminal_task_never_changes_state(terminal: State, target: State) -> None:
+    with pytest.raises(domain.InvalidTransition):
+        domain.check_transition(terminal, target)
+
+
+def test_the_lifecycle_transitions_are_allowed() -> None:
+    for a, b in [(State.QUEUED, State.RUNNING), (State.RUNNING, State.WAITING_INPUT),
+                 (State.WAITING_INPUT, State.RUNNING), (State.RUNNING, State.COMPLETED),
+                 (State.RUNNING, State.CANCEL_REQUESTED), (State.CANCEL_REQUESTED, State.CANCELLED),
+                 (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION), (State.NEEDS_RECONCILIATION, State.CANCELLED),
+                 (State.RUNNING, State.RECOVERING), (State.RECOVERING, State.QUEUED)]:
+        domain.check_transition(a, b)
+    with pytest.raises(domain.InvalidTransition):
+        domain.check_transition(State.QUEUED, State.COMPLETED)
+
+
+def new(**kw: object) -> NewTask:
+    base: dict[str, object] = dict(agent_id="agent-1", session_id="cli-1", title="hello", instructions="x",
+                                   profile="", request_id=None, harness=None, harness_model=None)
+    base.update(kw)
+    return NewTask(**base)  # type: ignore[arg-type]
+
+
+def test_new_task_defaults_the_profile_and_trims_the_title() -> None:
+    req = domain.validate_new_task(new(title="  hi  "), {"default-worker"})
+    assert req.profile == "default-worker" and req.title == "hi"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"title": "   "}, "EMPTY_TITLE"),
+        ({"title": "x" * 201}, "FIELD_TOO_LONG"),
+        ({"instructions": "é" * 40000}, "FIELD_TOO_LONG"),
+        ({"profile": "nope"}, "UNKNOWN_PROFILE"),
+        ({"agent_id": "../etc"}, "INVALID_ID"),
+        ({"session_id": ""}, "INVALID_ID"),
+        ({"session_id": "s" * 129}, "INVALID_ID"),
+        ({"request_id": "has space"}, "INVALID_ID"),
+    ],
+)
+def test_bad_new_tasks_are_rejected_with_a_reason(change: dict[str, object], reason: str) -> None:
+    with pytest.raises(domain.InvalidArgument) as err:
+        domain.validate_new_task(new(**change), {"default-worker"})
+    assert err.value.reason == reason
+
+
+def test_pagination_validates_and_clamps_to_the_last_page() -> None:
+    assert domain.clamp_page(PageRequest(0, 10), 0) == (0, 1)
+    assert domain.clamp_page(PageRequest(7, 10), 25) == (2, 3)
+    assert domain.clamp_page(PageRequest(1, 10), 25) == (1, 3)
+    for page, size in [(-1, 10), (0, 101), (0, -3)]:
+        with pytest.raises(domain.InvalidArgument):
+            domain.validate_page(page, size)
+    assert domain.validate_page(0, 0).page_size == 10
+
+
+def test_clamp_utf8_never_splits_a_character() -> None:
+    assert domain.clamp_utf8("aé", 2) == "a"
+    assert domain.clamp_utf8("aé", 3) == "aé"
+    assert domain.clamp_utf8("日本", 5) == "日"
+
+
+def test_quiet_worker_is_inspected_not_stopped() -> None:
+    task, attempt = make_task(), make_attempt()
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 999, False).verdict == Verdict.NONE
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 1000, False).verdict == Verdict.INSPECT
+    task.inspection = domain.Inspection(reason="idle", since=T0 + 1000)
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 1500, False).verdict == Verdict.NONE
+
+
+def test_activity_moves_the_idle_clock_but_not_the_progress_clock() -> None:
+    task, attempt = make_task(), make_attempt()
+    task.last_activity_at = T0 + 4500  # CPU/IO or a tool: activity, not progress
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 4900, False).verdict == Verdict.NONE
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 5000, False).verdict == Verdict.STOP_STALLED
+
+
+def test_progress_resets_the_stale_timer_and_zero_disables_it() -> None:
+    task, attempt = make_task(), make_attempt()
+    task.progress = Progress(text="p", updated_at=T0 + 4000)
+    task.inspection = domain.Inspection(reason="idle", since=T0)
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 8999, False).verdict == Verdict.NONE
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 9000, False).verdict == Verdict.STOP_STALLED
+    no_stale = SETTINGS.model_copy(update={"progress_stale_limit_ms": 0})
+    assert domain.supervise(task, attempt, no_stale, T0 + 19000, False).verdict == Verdict.NONE
+
+
+def test_max_duration_is_a_hard_deadline_even_while_waiting_for_an_answer() -> None:
+    task = make_task(State.WAITING_INPUT)
+    assert domain.supervise(task, make_attempt(), SETTINGS, T0 + 19999, False).verdict == Verdict.NONE
+    assert domain.supervise(task, make_attempt(), SETTINGS, T0 + 20000, False).verdict == Verdict.STOP_MAX_DURATION
+    unlimited = SETTINGS.model_copy(update={"max_duration_ms": 0, "progress_stale_limit_ms": 0})
+    assert domain.supervise(make_task(), make_attempt(), unlimited, T0 + 10**9, False).verdict == Verdict.INSPECT
+
+
+def test_waiting_for_an_answer_is_never_a_stall() -> None:
+    task = make_task(State.WAITING_INPUT)
+    assert domain.supervise(task, make_attempt(), SETTINGS, T0 + 19000, False).verdict == Verdict.NONE
+
+
+def test_background_result_is_accepted_after_the_grace() -> None:
+    task = make_task(result=Result(text="r", unresolved_background=True), result_reported_at=T0 + 100)
+    assert domain.supervise(task, make_attempt(), SETTINGS, T0 + 3099, False).verdict == Verdict.NONE
+    assert domain.supervise(task, make_attempt(), SETTINGS, T0 + 3100, False).verdict == Verdict.ACCEPT_BACKGROUND
+
+
+def test_an_sdk_worker_must_make_first_contact() -> None:
+    task, attempt = make_task(), make_attempt()
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 2000, True).verdict == Verdict.STOP_NO_FIRST_REPORT
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 2000, False).verdict == Verdict.INSPECT
+    attempt.first_contact_at = T0 + 10
+    assert domain.supervise(task, attempt, SETTINGS, T0 + 2000, True).verdict == Verdict.INSPECT
+
+
+def test_exit_mapping() -> None:
+    assert domain.describe_exit(0) == (State.COMPLETED, None)
+    state, failure = domain.describe_exit(3)
+    assert state == State.FAILED and failure and failure.code == "WORKER_EXITED" and failure.exit_code == 3
+    state, failure = domain.describe_exit(-9)
+    assert failure and failure.code == "WORKER_KILLED" and "SIGKILL" in failure.message
+
+
+def test_three_automatic_resumes_per_revision_then_failed() -> None:
+    task = make_task(progress=Progress(text="halfway", updated_at=T0))
+    for expected in (1, 2, 3):
+        task = domain.resume_after_interruption(task, T0, "restart")
+        assert task.state == State.QUEUED and task.restart_resume and task.restart_resume.count == expected
+        assert task.restart_resume.last_progress == "halfway" and task.failure
+        assert task.failure.code == "GATEWAY_SHUTDOWN"
+        task.state = State.RUNNING
+    task = domain.resume_after_interruption(task, T0, "restart")
+    assert task.state == State.FAILED and task.failure and task.failure.code == "GATEWAY_SHUTDOWN_REPEATED"
+
+
+def test_elapsed_counts_from_first_start_and_freezes_at_the_end() -> None:
+    task = make_task(first_started_at=T0, started_at=T0 + 500)
+    assert task.elapsed_ms(T0 + 2000) == 2000
+    task.ended_at = T0 + 3000
+    assert task.elapsed_ms(T0 + 99999) == 3000
+    assert make_task(first_started_at=None).elapsed_ms(T0) == 0

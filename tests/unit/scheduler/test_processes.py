@@ -1,0 +1,112 @@
+"""Process-tree control on real processes: identity fences and proof of exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from libs import proctree
+from services.scheduler import processes
+from services.scheduler.domain import Attempt, ProcessIdentity
+
+
+def attempt_for(pid: int | None, start_time: int | None, pgid: int | None = None) -> Attempt:
+    return Attempt(attempt_id="a" * 32, task_id="t" * 32, number=1, boot_id="b", token_hash="h",
+                   pid=pid, pgid=pgid if pgid is not None else pid, pid_start_time=start_time)
+
+
+@pytest.fixture
+def sleeper() -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def test_start_time_is_the_kernel_value_and_identifies_the_process(sleeper: subprocess.Popen[bytes]) -> None:
+    start = proctree.start_time_of(sleeper.pid)
+    assert start is not None and start > 0
+    assert proctree.identity_matches(sleeper.pid, start)
+    assert not proctree.identity_matches(sleeper.pid, start + 1)
+
+
+async def test_a_reused_pid_is_never_signalled(sleeper: subprocess.Popen[bytes]) -> None:
+    start = proctree.start_time_of(sleeper.pid)
+    assert start is not None
+    # The record says another process once had this pid (earlier start time).
+    record = attempt_for(sleeper.pid, start - 5)
+    status = await processes.stop_tree(record, grace_s=0.2, confirm_s=0.2)
+    assert sleeper.poll() is None, "an unrelated process was signalled"
+    assert not status.group and "another process" in status.unsignallable
+
+
+async def test_a_legacy_record_without_start_time_is_closed_only_when_its_group_is_absent(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
+    status = await processes.stop_tree(attempt_for(sleeper.pid, None), grace_s=0.2, confirm_s=0.2)
+    assert sleeper.poll() is None and not status.gone and "legacy" in status.unsignallable
+    sleeper.kill()
+    sleeper.wait()
+    status = await processes.stop_tree(attempt_for(sleeper.pid, None), grace_s=0.2, confirm_s=0.2)
+    assert status.gone
+
+
+async def test_stop_tree_terminates_the_group_including_grandchildren() -> None:
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(proctree.live_descendants(proctree.process_table(), leader.pid)) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        start = proctree.start_time_of(leader.pid)
+        record = attempt_for(leader.pid, start)
+        status = await processes.stop_tree(record, grace_s=2, confirm_s=2)
+        assert status.gone
+        assert len(record.descendants) == 2
+        assert not proctree.live_group_members(proctree.process_table(), leader.pid)
+    finally:
+        if leader.poll() is None:
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+async def test_sigterm_ignored_means_sigkill_after_the_grace() -> None:
+    leader = subprocess.Popen(["python3", "-c", "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                               "print('ready', flush=True)\ntime.sleep(60)"], start_new_session=True,
+                              stdout=subprocess.PIPE)
+    try:
+        assert leader.stdout is not None and leader.stdout.readline() == b"ready\n"
+        record = attempt_for(leader.pid, proctree.start_time_of(leader.pid))
+        began = time.monotonic()
+        status = await processes.stop_tree(record, grace_s=0.5, confirm_s=2)
+        assert status.gone and time.monotonic() - began >= 0.5
+        assert leader.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+        leader.wait()
+
+
+async def test_a_descendant_outside_the_group_blocks_the_proof_until_it_is_gone() -> None:
+    escaped = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        record = attempt_for(leader.pid, proctree.start_time_of(leader.pid))
+        # As if recorded while it was still the leader's child.
+        record.descendants.append(ProcessIdentity(pid=escaped.pid, start_time=proctree.start_time_of(escaped.pid) or 0))
+        status = await processes.stop_tree(record, grace_s=0.5, confirm_s=0.3)
+        assert not status.gone and [p.pid for p in status.escaped] == [escaped.pid]
+        assert escaped.poll() is None, "taskgate never signals outside its own group"
+        escaped.kill()
+        escaped.wait()
+        assert (await processes.stop_tree(record, grace_s=0.5, confirm_s=0.3)).gone
+    finally:
+        for proc in (escaped, leader):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
