@@ -27,8 +27,13 @@ async def main() -> None:
     log.info("database_ready", migrations_applied=applied)
     host, _, port = settings.http_addr.rpartition(":")
     config = uvicorn.Config(
-        create_app(settings, GatewayStore(db)), host=host, port=int(port), log_config=None,
-        access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+        create_app(settings, GatewayStore(db)),
+        host=host,
+        port=int(port),
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
     )
     try:
         await uvicorn.Server(config).serve()

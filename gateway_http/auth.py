@@ -9,8 +9,8 @@ from fastapi import Depends, Request
 
 from gateway_http.errors import ApiError
 from gateway_http.store import ApiKey, GatewayStore
-from libs.settings import Settings
 from libs.ids import ID_PATTERN
+from libs.settings import Settings
 
 MAX_KEY_CHARS = 200
 

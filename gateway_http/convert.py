@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
-
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 STATE_NAMES = {
@@ -31,80 +30,132 @@ def _prune(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_json(t: pb.ToolEvent) -> dict[str, Any]:
-    return _prune({
-        "name": t.name, "status": TOOL_STATUS_NAMES.get(t.status), "at": iso(t.event_time),
-        "exitCode": t.exit_code if t.HasField("exit_code") else None,
-    })
+    return _prune(
+        {
+            "name": t.name,
+            "status": TOOL_STATUS_NAMES.get(t.status),
+            "at": iso(t.event_time),
+            "exitCode": t.exit_code if t.HasField("exit_code") else None,
+        }
+    )
 
 
 def attempt_json(a: pb.Attempt) -> dict[str, Any]:
     usage = None
     if a.HasField("usage"):
-        usage = _prune({
-            "inputTokens": a.usage.input_tokens if a.usage.HasField("input_tokens") else None,
-            "cachedInputTokens": a.usage.cached_input_tokens if a.usage.HasField("cached_input_tokens") else None,
-            "outputTokens": a.usage.output_tokens if a.usage.HasField("output_tokens") else None,
-        }) or None
-    return _prune({
-        "attemptId": a.attempt_id, "number": a.number, "startedAt": iso(a.start_time),
-        "endedAt": iso(a.end_time), "pid": a.pid or None, "pgid": a.pgid or None,
-        "pidStartTime": a.pid_start_time or None, "bootId": a.boot_id, "harness": a.harness or None,
-        "harnessModel": a.harness_model or None, "usage": usage,
-        "exitCode": a.exit_code if a.HasField("exit_code") else None, "outcome": a.outcome or None,
-        "descendants": [{"pid": d.pid, "startTime": d.start_time} for d in a.descendants] or None,
-    })
+        usage = (
+            _prune(
+                {
+                    "inputTokens": a.usage.input_tokens if a.usage.HasField("input_tokens") else None,
+                    "cachedInputTokens": a.usage.cached_input_tokens
+                    if a.usage.HasField("cached_input_tokens")
+                    else None,
+                    "outputTokens": a.usage.output_tokens if a.usage.HasField("output_tokens") else None,
+                }
+            )
+            or None
+        )
+    return _prune(
+        {
+            "attemptId": a.attempt_id,
+            "number": a.number,
+            "startedAt": iso(a.start_time),
+            "endedAt": iso(a.end_time),
+            "pid": a.pid or None,
+            "pgid": a.pgid or None,
+            "pidStartTime": a.pid_start_time or None,
+            "bootId": a.boot_id,
+            "harness": a.harness or None,
+            "harnessModel": a.harness_model or None,
+            "usage": usage,
+            "exitCode": a.exit_code if a.HasField("exit_code") else None,
+            "outcome": a.outcome or None,
+            "descendants": [{"pid": d.pid, "startTime": d.start_time} for d in a.descendants] or None,
+        }
+    )
 
 
 def execution_json(e: pb.Execution) -> dict[str, Any]:
-    return _prune({
-        "available": e.available, "reason": e.reason or None, "observedAt": iso(e.observe_time),
-        "lastActivityAt": iso(e.last_activity_time), "historical": True if e.historical else None,
-        "cpu": {"userTicks": e.cpu_user_ticks, "systemTicks": e.cpu_system_ticks},
-        "io": {"readCount": e.io_read_count, "writeCount": e.io_write_count,
-               "readBytes": e.io_read_bytes, "writeBytes": e.io_write_bytes},
-        "processes": [{"pid": p.pid, "startTime": p.start_time} for p in e.processes],
-    })
+    return _prune(
+        {
+            "available": e.available,
+            "reason": e.reason or None,
+            "observedAt": iso(e.observe_time),
+            "lastActivityAt": iso(e.last_activity_time),
+            "historical": True if e.historical else None,
+            "cpu": {"userTicks": e.cpu_user_ticks, "systemTicks": e.cpu_system_ticks},
+            "io": {
+                "readCount": e.io_read_count,
+                "writeCount": e.io_write_count,
+                "readBytes": e.io_read_bytes,
+                "writeBytes": e.io_write_bytes,
+            },
+            "processes": [{"pid": p.pid, "startTime": p.start_time} for p in e.processes],
+        }
+    )
 
 
 def task_json(t: pb.Task) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "taskId": t.task_id, "agentId": t.agent_id, "sessionId": t.session_id, "title": t.title,
-        "instructions": t.instructions, "state": STATE_NAMES.get(t.state, "unknown"),
-        "executionType": EXECUTION_TYPES.get(t.execution_type, "worker"), "targetProfile": t.target_profile,
+        "taskId": t.task_id,
+        "agentId": t.agent_id,
+        "sessionId": t.session_id,
+        "title": t.title,
+        "instructions": t.instructions,
+        "state": STATE_NAMES.get(t.state, "unknown"),
+        "executionType": EXECUTION_TYPES.get(t.execution_type, "worker"),
+        "targetProfile": t.target_profile,
     }
     if t.HasField("progress"):
         out["progress"] = {"text": t.progress.text, "updatedAt": iso(t.progress.update_time)}
     if t.HasField("activity"):
-        out["activity"] = _prune({
-            "lastActivityAt": iso(t.activity.last_activity_time),
-            "lastTool": tool_json(t.activity.last_tool) if t.activity.HasField("last_tool") else None,
-            "recentTools": [tool_json(x) for x in t.activity.recent_tools],
-        })
+        out["activity"] = _prune(
+            {
+                "lastActivityAt": iso(t.activity.last_activity_time),
+                "lastTool": tool_json(t.activity.last_tool) if t.activity.HasField("last_tool") else None,
+                "recentTools": [tool_json(x) for x in t.activity.recent_tools],
+            }
+        )
     if t.HasField("execution"):
         out["execution"] = execution_json(t.execution)
     if t.HasField("inspection"):
         out["inspection"] = {"reason": t.inspection.reason, "since": iso(t.inspection.since_time)}
-    out["timing"] = _prune({
-        "createdAt": iso(t.timing.create_time), "firstStartedAt": iso(t.timing.first_start_time),
-        "startedAt": iso(t.timing.start_time), "endedAt": iso(t.timing.end_time),
-        "elapsedMs": t.timing.elapsed_ms,
-    })
+    out["timing"] = _prune(
+        {
+            "createdAt": iso(t.timing.create_time),
+            "firstStartedAt": iso(t.timing.first_start_time),
+            "startedAt": iso(t.timing.start_time),
+            "endedAt": iso(t.timing.end_time),
+            "elapsedMs": t.timing.elapsed_ms,
+        }
+    )
     if t.HasField("cancellation"):
         c = t.cancellation
-        out["cancellation"] = _prune({
-            "requestedAt": iso(c.request_time), "cause": c.cause,
-            "replacedByTaskId": c.replaced_by_task_id or None, "cleanup": c.cleanup or None,
-        })
+        out["cancellation"] = _prune(
+            {
+                "requestedAt": iso(c.request_time),
+                "cause": c.cause,
+                "replacedByTaskId": c.replaced_by_task_id or None,
+                "cleanup": c.cleanup or None,
+            }
+        )
     if t.HasField("failure"):
         f = t.failure
-        out["failure"] = _prune({
-            "code": f.code, "message": f.message, "retryable": f.retryable,
-            "exitCode": f.exit_code if f.HasField("exit_code") else None,
-        })
+        out["failure"] = _prune(
+            {
+                "code": f.code,
+                "message": f.message,
+                "retryable": f.retryable,
+                "exitCode": f.exit_code if f.HasField("exit_code") else None,
+            }
+        )
     if t.HasField("result"):
-        out["result"] = _prune({
-            "text": t.result.text, "unresolvedBackground": True if t.result.unresolved_background else None,
-        })
+        out["result"] = _prune(
+            {
+                "text": t.result.text,
+                "unresolvedBackground": True if t.result.unresolved_background else None,
+            }
+        )
     if t.HasField("pending_question"):
         q = t.pending_question
         out["pendingQuestion"] = {"questionId": q.question_id, "text": q.text, "revision": q.revision}

@@ -70,5 +70,10 @@ class RequestContextMiddleware:
     def _log(scope: Scope, status: int, start: float) -> None:
         if scope.get("path") == "/healthz" and status == 200:
             return
-        log.info("http_request", method=scope.get("method"), path=scope.get("path"), status=status,
-                 duration_ms=round((time.perf_counter() - start) * 1000, 2))
+        log.info(
+            "http_request",
+            method=scope.get("method"),
+            path=scope.get("path"),
+            status=status,
+            duration_ms=round((time.perf_counter() - start) * 1000, 2),
+        )

@@ -76,9 +76,13 @@ def hash_key(key: str) -> str:
 def _to_key(row: ApiKeyRow) -> ApiKey:
     tools = json.loads(row.allow_tools) if row.allow_tools is not None else None
     return ApiKey(
-        key_id=row.key_id, principal=row.principal, agents=tuple(json.loads(row.agents)),
-        allow_tools=tuple(tools) if tools is not None else None, display_prefix=row.display_prefix,
-        created_at=row.created_at, revoked_at=row.revoked_at,
+        key_id=row.key_id,
+        principal=row.principal,
+        agents=tuple(json.loads(row.agents)),
+        allow_tools=tuple(tools) if tools is not None else None,
+        display_prefix=row.display_prefix,
+        created_at=row.created_at,
+        revoked_at=row.revoked_at,
     )
 
 
@@ -98,8 +102,11 @@ class GatewayStore:
     def create_key(s: Session, principal: str, agents: list[str], allow_tools: list[str] | None) -> tuple[ApiKey, str]:
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         row = ApiKeyRow(
-            key_id=uuid.uuid4().hex, key_hash=hash_key(secret), display_prefix=secret[:10],
-            principal=principal, agents=json.dumps(sorted(set(agents))),
+            key_id=uuid.uuid4().hex,
+            key_hash=hash_key(secret),
+            display_prefix=secret[:10],
+            principal=principal,
+            agents=json.dumps(sorted(set(agents))),
             allow_tools=json.dumps(sorted(set(allow_tools))) if allow_tools is not None else None,
             created_at=_now(),
         )

@@ -62,7 +62,7 @@ def make_engine(url: str) -> Engine:
 
         return engine
     if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
 
 

@@ -50,9 +50,7 @@ def status_for(error: DomainError) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    return rpc_status.to_status(
-        status_pb2.Status(code=code.value[0], message=error.message, details=[detail])
-    )
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=error.message, details=[detail]))
 
 
 def _internal_status() -> grpc.Status:
@@ -153,9 +151,7 @@ class ServiceHost:
         await self.server.stop(grace)
 
 
-async def start_server(
-    addr: str, registrars: Iterable[Registrar], service_names: Iterable[str]
-) -> ServiceHost:
+async def start_server(addr: str, registrars: Iterable[Registrar], service_names: Iterable[str]) -> ServiceHost:
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor()],
         options=[

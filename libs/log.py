@@ -13,9 +13,7 @@ from typing import Literal
 import structlog
 
 
-def configure_logging(
-    service: str, level: str = "info", fmt: Literal["auto", "json", "console"] = "auto"
-) -> None:
+def configure_logging(service: str, level: str = "info", fmt: Literal["auto", "json", "console"] = "auto") -> None:
     def add_service(_: object, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
         event.setdefault("service", service)
         return event
@@ -29,9 +27,7 @@ def configure_logging(
         structlog.stdlib.ExtraAdder(),
     ]
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer()
-        if use_json
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     structlog.configure(
         processors=[

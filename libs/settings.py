@@ -136,18 +136,16 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
-        name = key[len(ENV_PREFIX):].lower()
+        name = key[len(ENV_PREFIX) :].lower()
         # pydantic converts the strings; other TASKGATE_* names (the worker
         # contract, the CLI's URL and key) are not service settings.
         if name.startswith("tasks_"):
-            tasks[name[len("tasks_"):]] = value
+            tasks[name[len("tasks_") :]] = value
         elif name in top_fields:
             raw[name] = value
     raw["tasks"] = tasks
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise SettingsError(f"invalid configuration ({config_path}): {problems}") from exc

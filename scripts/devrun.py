@@ -55,7 +55,11 @@ def main() -> int:
 
     for (name, module), color in zip(PROCESSES, COLORS, strict=True):
         proc = subprocess.Popen(
-            [sys.executable, "-m", module], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", module],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl+C reaches us only; we stop the children in order
         )
         children.append((name, proc))

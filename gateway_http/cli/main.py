@@ -33,7 +33,9 @@ class CliError(Exception):
 def _id(kind: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
         if not ID_PATTERN.match(value):
-            raise argparse.ArgumentTypeError(f"{kind} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'")
+            raise argparse.ArgumentTypeError(
+                f"{kind} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'"
+            )
         return value
 
     return parse
@@ -75,9 +77,15 @@ def cmd_keys_create(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_keys_list(args: argparse.Namespace, out: TextIO) -> int:
     keys = _in_transaction(GatewayStore.list_keys)
     rows = [
-        [k.key_id, k.display_prefix + "…", k.principal, ",".join(k.agents),
-         "all" if k.allow_tools is None else ",".join(k.allow_tools), _when_ms(k.created_at),
-         "revoked" if k.revoked_at else "active"]
+        [
+            k.key_id,
+            k.display_prefix + "…",
+            k.principal,
+            ",".join(k.agents),
+            "all" if k.allow_tools is None else ",".join(k.allow_tools),
+            _when_ms(k.created_at),
+            "revoked" if k.revoked_at else "active",
+        ]
         for k in keys
     ]
     print(render_table(["key id", "prefix", "principal", "agents", "tools", "created", "status"], rows), file=out)
@@ -105,10 +113,12 @@ def cmd_members_remove(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_members_list(args: argparse.Namespace, out: TextIO) -> int:
-    rows = _in_transaction(lambda s: [
-        [m.agent_id, m.session_id, m.principal, _when_ms(m.created_at)]
-        for m in GatewayStore.list_members(s, args.agent)
-    ])
+    rows = _in_transaction(
+        lambda s: [
+            [m.agent_id, m.session_id, m.principal, _when_ms(m.created_at)]
+            for m in GatewayStore.list_members(s, args.agent)
+        ]
+    )
     print(render_table(["agent", "session", "principal", "added"], rows), file=out)
     return 0
 
@@ -134,8 +144,11 @@ def _client(args: argparse.Namespace) -> RestClient:
     key = args.api_key or os.environ.get("TASKGATE_API_KEY", "")
     agent = args.agent or os.environ.get("TASKGATE_AGENT", "")
     session = args.session or os.environ.get("TASKGATE_SESSION", "")
-    missing = [name for name, value in (("--api-key/TASKGATE_API_KEY", key), ("--agent", agent),
-                                        ("--session", session)) if not value]
+    missing = [
+        name
+        for name, value in (("--api-key/TASKGATE_API_KEY", key), ("--agent", agent), ("--session", session))
+        if not value
+    ]
     if missing:
         raise CliError("missing " + ", ".join(missing))
     return RestClient(args.url or os.environ.get("TASKGATE_URL", "http://127.0.0.1:8080"), key, agent, session)
@@ -143,8 +156,14 @@ def _client(args: argparse.Namespace) -> RestClient:
 
 def _task_rows(tasks: list[dict[str, Any]]) -> list[list[object]]:
     return [
-        [t["taskId"], t["state"], t["title"], (t.get("progress") or {}).get("text", ""), _elapsed(t),
-         _short_time(t.get("updatedAt"))]
+        [
+            t["taskId"],
+            t["state"],
+            t["title"],
+            (t.get("progress") or {}).get("text", ""),
+            _elapsed(t),
+            _short_time(t.get("updatedAt")),
+        ]
         for t in tasks
     ]
 
@@ -161,8 +180,12 @@ def cmd_tasks_list(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _show_lines(task: dict[str, Any]) -> list[str]:
-    lines = [f"{task['title']}  [{task['state']}]", f"  task id:   {task['taskId']}",
-             f"  profile:   {task.get('targetProfile', '')}", f"  elapsed:   {_elapsed(task)}"]
+    lines = [
+        f"{task['title']}  [{task['state']}]",
+        f"  task id:   {task['taskId']}",
+        f"  profile:   {task.get('targetProfile', '')}",
+        f"  elapsed:   {_elapsed(task)}",
+    ]
     if task.get("progress"):
         lines.append(f"  progress:  {task['progress']['text']}  (at {_short_time(task['progress']['updatedAt'])})")
     last_tool = (task.get("activity") or {}).get("lastTool")
@@ -194,9 +217,7 @@ def _watch_digest(task: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in task.items() if k not in ("timing",)}, sort_keys=True)
 
 
-def cmd_tasks_watch(
-    args: argparse.Namespace, out: TextIO, sleep: Callable[[float], None] = time.sleep
-) -> int:
+def cmd_tasks_watch(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], None] = time.sleep) -> int:
     client = _client(args)
     previous: str | None = None
     try:
@@ -206,8 +227,9 @@ def cmd_tasks_watch(
                 digest = _watch_digest(task)
                 if digest != previous:
                     progress = (task.get("progress") or {}).get("text", "")
-                    print(f"[{datetime.now().strftime('%H:%M:%S')}] {task['state']:<20} {progress}", file=out,
-                          flush=True)
+                    print(
+                        f"[{datetime.now().strftime('%H:%M:%S')}] {task['state']:<20} {progress}", file=out, flush=True
+                    )
                     previous = digest
                 if task["state"] in TERMINAL:
                     if task.get("failure"):
@@ -256,8 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
     keys = admin_sub.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
     create = keys.add_parser("create", help="create a key; prints it as the last line")
     create.add_argument("--principal", required=True, type=_id("principal"))
-    create.add_argument("--agent", required=True, action="append", type=_id("agent"),
-                        help="agent the key may act for (repeat for several)")
+    create.add_argument(
+        "--agent",
+        required=True,
+        action="append",
+        type=_id("agent"),
+        help="agent the key may act for (repeat for several)",
+    )
     create.add_argument("--allow-tool", action="append", help="restrict the key to these tools (repeatable)")
     create.set_defaults(fn=cmd_keys_create)
     keys.add_parser("list", help="list keys").set_defaults(fn=cmd_keys_list)

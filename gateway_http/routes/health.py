@@ -12,5 +12,4 @@ router = APIRouter(tags=["health"])
 async def healthz(request: Request) -> JSONResponse:
     backends = await request.app.state.backends.health()
     ok = all(status == "SERVING" for status in backends.values())
-    return JSONResponse({"status": "ok" if ok else "unavailable", "backends": backends},
-                        status_code=200 if ok else 503)
+    return JSONResponse({"status": "ok" if ok else "unavailable", "backends": backends}, status_code=200 if ok else 503)

@@ -7,13 +7,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 from gateway_http.auth import SessionCaller
 from gateway_http.backends import Backends
 from gateway_http.convert import task_json
 from gateway_http.errors import ApiError
 from libs.ids import UUID_HEX_PATTERN
-from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 router = APIRouter(prefix="/api/v1/agents/{agentId}/sessions/{sessionId}", tags=["tasks"])
 
@@ -89,11 +89,17 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
     backends = _backends(request)
     reply = await backends.scheduler.CreateTask(
         pb.CreateTaskRequest(
-            agent_id=caller.agent_id, session_id=caller.session_id, title=body.title,
-            instructions=body.instructions, profile=body.profile or "", request_id=body.requestId or "",
-            harness=body.harness or "", harness_model=body.harnessModel or "",
+            agent_id=caller.agent_id,
+            session_id=caller.session_id,
+            title=body.title,
+            instructions=body.instructions,
+            profile=body.profile or "",
+            request_id=body.requestId or "",
+            harness=body.harness or "",
+            harness_model=body.harnessModel or "",
         ),
-        timeout=backends.timeout_s, metadata=_metadata(request),
+        timeout=backends.timeout_s,
+        metadata=_metadata(request),
     )
     return JSONResponse({"task": task_json(reply.task)}, status_code=201)
 
@@ -111,13 +117,21 @@ async def list_tasks(request: Request, caller: SessionCaller) -> dict[str, Any]:
     backends = _backends(request)
     reply = await backends.scheduler.ListTasks(
         pb.ListTasksRequest(
-            agent_id=caller.agent_id, session_id=caller.session_id, page=page, page_size=page_size,
+            agent_id=caller.agent_id,
+            session_id=caller.session_id,
+            page=page,
+            page_size=page_size,
             include_finished=include_finished,
         ),
-        timeout=backends.timeout_s, metadata=_metadata(request),
+        timeout=backends.timeout_s,
+        metadata=_metadata(request),
     )
-    return {"page": reply.page, "pages": reply.pages, "total": reply.total,
-            "tasks": [task_json(t) for t in reply.tasks]}
+    return {
+        "page": reply.page,
+        "pages": reply.pages,
+        "total": reply.total,
+        "tasks": [task_json(t) for t in reply.tasks],
+    }
 
 
 @router.get("/tasks/{taskId}", response_model=TaskEnvelope)
@@ -141,7 +155,8 @@ async def cancel_task(
     backends = _backends(request)
     reply = await backends.scheduler.CancelTask(
         pb.CancelTaskRequest(task_id=taskId, cause="user_canceled", replaced_by_task_id=replaced_by or ""),
-        timeout=backends.timeout_s, metadata=_metadata(request),
+        timeout=backends.timeout_s,
+        metadata=_metadata(request),
     )
     snapshot = task_json(reply.task)
     return {"task": {"taskId": snapshot["taskId"], "state": snapshot["state"]}}

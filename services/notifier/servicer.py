@@ -7,12 +7,12 @@ import uuid
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+from taskgate.notifier.v1 import notifier_pb2 as pb
+from taskgate.notifier.v1 import notifier_pb2_grpc as pb_grpc
 
 from services.notifier import domain
 from services.notifier.domain import Kind, Notification
 from services.notifier.store import NotifierStore
-from taskgate.notifier.v1 import notifier_pb2 as pb
-from taskgate.notifier.v1 import notifier_pb2_grpc as pb_grpc
 
 KIND_FROM_PB = {
     pb.NOTIFICATION_KIND_TASK_REPORT: Kind.TASK_REPORT,
@@ -27,9 +27,15 @@ def _to_pb(n: Notification) -> pb.Notification:
     created = Timestamp()
     created.FromMilliseconds(n.created_at)
     return pb.Notification(
-        notification_id=n.notification_id, agent_id=n.agent_id, session_id=n.session_id,
-        kind=KIND_TO_PB[n.kind], task_id=n.task_id or "", body=n.body, handled=n.handled,
-        create_time=created, attempt_count=n.attempt_count,
+        notification_id=n.notification_id,
+        agent_id=n.agent_id,
+        session_id=n.session_id,
+        kind=KIND_TO_PB[n.kind],
+        task_id=n.task_id or "",
+        body=n.body,
+        handled=n.handled,
+        create_time=created,
+        attempt_count=n.attempt_count,
     )
 
 
@@ -42,12 +48,18 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
     ) -> pb.EnqueueNotificationResponse:
         if request.kind not in KIND_FROM_PB:
             raise domain.InvalidArgument("INVALID_KIND", "kind must be set", field="kind")
-        domain.validate_new(request.agent_id, request.session_id, request.task_id or None, request.body,
-                            request.request_id or None)
+        domain.validate_new(
+            request.agent_id, request.session_id, request.task_id or None, request.body, request.request_id or None
+        )
         n = Notification(
-            notification_id=uuid.uuid4().hex, agent_id=request.agent_id, session_id=request.session_id,
-            kind=KIND_FROM_PB[request.kind], task_id=request.task_id or None, body=request.body,
-            created_at=int(time.time() * 1000), request_id=request.request_id or None,
+            notification_id=uuid.uuid4().hex,
+            agent_id=request.agent_id,
+            session_id=request.session_id,
+            kind=KIND_FROM_PB[request.kind],
+            task_id=request.task_id or None,
+            body=request.body,
+            created_at=int(time.time() * 1000),
+            request_id=request.request_id or None,
         )
         return pb.EnqueueNotificationResponse(notification=_to_pb(await self.store.enqueue(n)))
 
@@ -64,5 +76,4 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
         offset = int(token)
         items = await self.store.list_for(request.agent_id, request.session_id, offset, size + 1)
         next_token = str(offset + size) if len(items) > size else ""
-        return pb.ListNotificationsResponse(notifications=[_to_pb(n) for n in items[:size]],
-                                            next_page_token=next_token)
+        return pb.ListNotificationsResponse(notifications=[_to_pb(n) for n in items[:size]], next_page_token=next_token)

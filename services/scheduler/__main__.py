@@ -6,6 +6,8 @@ import asyncio
 import os
 import sys
 
+from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
 from libs.db import Database
 from libs.grpc_server import serve
 from libs.log import configure_logging, get_logger
@@ -13,7 +15,6 @@ from libs.settings import SettingsError, load_settings
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
-from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
 async def main() -> None:
@@ -38,8 +39,11 @@ async def main() -> None:
     ]
     try:
         await serve(
-            addr=settings.scheduler_addr, registrars=[register], service_names=names,
-            on_started=engine.start, on_stopping=engine.shutdown,
+            addr=settings.scheduler_addr,
+            registrars=[register],
+            service_names=names,
+            on_started=engine.start,
+            on_stopping=engine.shutdown,
         )
     finally:
         db.close()

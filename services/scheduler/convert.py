@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, State, Task, ToolEvent
-from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 STATE_TO_PB = {
     State.QUEUED: pb.TASK_STATE_QUEUED,
@@ -48,9 +48,17 @@ def tool_to_pb(event: ToolEvent) -> pb.ToolEvent:
 
 def attempt_to_pb(a: Attempt) -> pb.Attempt:
     msg = pb.Attempt(
-        attempt_id=a.attempt_id, number=a.number, start_time=ts(a.started_at), end_time=ts(a.ended_at),
-        pid=a.pid or 0, pgid=a.pgid or 0, pid_start_time=a.pid_start_time or 0, boot_id=a.boot_id,
-        harness=a.harness or "", harness_model=a.harness_model or "", outcome=a.outcome or "",
+        attempt_id=a.attempt_id,
+        number=a.number,
+        start_time=ts(a.started_at),
+        end_time=ts(a.ended_at),
+        pid=a.pid or 0,
+        pgid=a.pgid or 0,
+        pid_start_time=a.pid_start_time or 0,
+        boot_id=a.boot_id,
+        harness=a.harness or "",
+        harness_model=a.harness_model or "",
+        outcome=a.outcome or "",
         descendants=[pb.ProcessIdentity(pid=d.pid, start_time=d.start_time) for d in a.descendants],
     )
     if a.usage is not None:
@@ -72,16 +80,26 @@ def task_to_pb(
         return domain.preview(value, preview_chars) if preview_chars else value
 
     msg = pb.Task(
-        task_id=task.task_id, agent_id=task.agent_id, session_id=task.session_id, title=task.title,
-        instructions=text(task.instructions), state=STATE_TO_PB[task.state],
-        execution_type=pb.EXECUTION_TYPE_WORKER, target_profile=task.profile,
-        harness=task.harness or "", harness_model=task.harness_model or "",
+        task_id=task.task_id,
+        agent_id=task.agent_id,
+        session_id=task.session_id,
+        title=task.title,
+        instructions=text(task.instructions),
+        state=STATE_TO_PB[task.state],
+        execution_type=pb.EXECUTION_TYPE_WORKER,
+        target_profile=task.profile,
+        harness=task.harness or "",
+        harness_model=task.harness_model or "",
         workspace=pb.Workspace(mode=task.workspace_mode, path=task.workspace_path),
         observed_paths=task.observed_paths[-20:] if preview_chars else task.observed_paths,
-        current_filesystem_verified=False, update_time=ts(task.updated_at),
+        current_filesystem_verified=False,
+        update_time=ts(task.updated_at),
         timing=pb.Timing(
-            create_time=ts(task.created_at), first_start_time=ts(task.first_started_at),
-            start_time=ts(task.started_at), end_time=ts(task.ended_at), elapsed_ms=task.elapsed_ms(now),
+            create_time=ts(task.created_at),
+            first_start_time=ts(task.first_started_at),
+            start_time=ts(task.started_at),
+            end_time=ts(task.ended_at),
+            elapsed_ms=task.elapsed_ms(now),
         ),
     )
     if task.progress is not None:
@@ -98,17 +116,23 @@ def task_to_pb(
         msg.inspection.CopyFrom(pb.Inspection(reason=task.inspection.reason, since_time=ts(task.inspection.since)))
     if task.cancellation is not None:
         c = task.cancellation
-        msg.cancellation.CopyFrom(pb.Cancellation(
-            request_time=ts(c.requested_at), cause=c.cause, replaced_by_task_id=c.replaced_by_task_id or "",
-            cleanup=c.cleanup or ""))
+        msg.cancellation.CopyFrom(
+            pb.Cancellation(
+                request_time=ts(c.requested_at),
+                cause=c.cause,
+                replaced_by_task_id=c.replaced_by_task_id or "",
+                cleanup=c.cleanup or "",
+            )
+        )
     if task.failure is not None:
         f = task.failure
         msg.failure.CopyFrom(pb.Failure(code=f.code, message=f.message, retryable=f.retryable))
         if f.exit_code is not None:
             msg.failure.exit_code = f.exit_code
     if task.result is not None:
-        msg.result.CopyFrom(pb.Result(text=text(task.result.text),
-                                      unresolved_background=task.result.unresolved_background))
+        msg.result.CopyFrom(
+            pb.Result(text=text(task.result.text), unresolved_background=task.result.unresolved_background)
+        )
     if attempts:
         msg.attempts.extend(attempt_to_pb(a) for a in attempts)
         latest = attempts[-1]

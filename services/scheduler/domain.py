@@ -97,8 +97,10 @@ _ALLOWED: dict[State, frozenset[State]] = {
 def check_transition(current: State, target: State) -> None:
     if target not in _ALLOWED[current]:
         raise InvalidTransition(
-            "INVALID_TRANSITION", f"a task in state {current} cannot become {target}",
-            current=current.value, target=target.value,
+            "INVALID_TRANSITION",
+            f"a task in state {current} cannot become {target}",
+            current=current.value,
+            target=target.value,
         )
 
 
@@ -255,7 +257,8 @@ class NewTask:
 def validate_id(kind: str, value: str) -> str:
     if not ID_PATTERN.match(value or ""):
         raise InvalidArgument(
-            "INVALID_ID", f"{kind} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
+            "INVALID_ID",
+            f"{kind} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'",
             field=kind,
         )
     return value
@@ -274,11 +277,11 @@ def validate_new_task(req: NewTask, known_profiles: set[str]) -> NewTask:
     if not title:
         raise InvalidArgument("EMPTY_TITLE", "title must not be empty", field="title")
     if len(title) > MAX_TITLE_CHARS:
-        raise InvalidArgument("FIELD_TOO_LONG", f"title is longer than {MAX_TITLE_CHARS} characters",
-                              field="title")
+        raise InvalidArgument("FIELD_TOO_LONG", f"title is longer than {MAX_TITLE_CHARS} characters", field="title")
     if len(req.instructions.encode()) > MAX_INSTRUCTIONS_BYTES:
-        raise InvalidArgument("FIELD_TOO_LONG", f"instructions exceed {MAX_INSTRUCTIONS_BYTES} bytes",
-                              field="instructions")
+        raise InvalidArgument(
+            "FIELD_TOO_LONG", f"instructions exceed {MAX_INSTRUCTIONS_BYTES} bytes", field="instructions"
+        )
     profile = req.profile or DEFAULT_PROFILE
     if profile not in known_profiles:
         raise InvalidArgument("UNKNOWN_PROFILE", f"no worker profile named {profile!r}", field="profile")
@@ -288,8 +291,13 @@ def validate_new_task(req: NewTask, known_profiles: set[str]) -> NewTask:
         if value is not None and len(value) > 100:
             raise InvalidArgument("FIELD_TOO_LONG", f"{name} is longer than 100 characters", field=name)
     return NewTask(
-        agent_id=req.agent_id, session_id=req.session_id, title=title, instructions=req.instructions,
-        profile=profile, request_id=req.request_id or None, harness=req.harness or None,
+        agent_id=req.agent_id,
+        session_id=req.session_id,
+        title=title,
+        instructions=req.instructions,
+        profile=profile,
+        request_id=req.request_id or None,
+        harness=req.harness or None,
         harness_model=req.harness_model or None,
     )
 
@@ -379,9 +387,7 @@ def supervise(task: Task, attempt: Attempt, settings: TaskSettings, now: int, us
         since = task.progress.updated_at if task.progress else attempt.started_at
         since = max(since, attempt.started_at)
         if now - since >= settings.progress_stale_limit_ms:
-            return Supervision(
-                Verdict.STOP_STALLED, f"no progress report for {settings.progress_stale_limit_ms} ms"
-            )
+            return Supervision(Verdict.STOP_STALLED, f"no progress report for {settings.progress_stale_limit_ms} ms")
     if settings.idle_timeout_ms and task.inspection is None:
         active = last_activity(task)
         if active is not None and now - active >= settings.idle_timeout_ms:
@@ -423,7 +429,8 @@ def describe_exit(returncode: int) -> tuple[State, Failure | None]:
         return State.COMPLETED, None
     if returncode > 0:
         return State.FAILED, Failure(
-            code=FailureCode.WORKER_EXITED, message=f"worker exited with code {returncode}",
+            code=FailureCode.WORKER_EXITED,
+            message=f"worker exited with code {returncode}",
             exit_code=returncode,
         )
     try:

@@ -23,6 +23,7 @@ from typing import Protocol
 import structlog
 
 from libs import errors, proctree
+from libs.ids import time_ordered_id
 from libs.settings import Settings, WorkerProfile
 from services.scheduler import domain, processes
 from services.scheduler.domain import (
@@ -189,13 +190,18 @@ class Engine:
         request = domain.validate_new_task(request, set(self.settings.workers))
         now = self.clock.now_ms()
         profile = self.settings.workers[request.profile]
-        workspace = (
-            Path(profile.workspace) if profile.workspace else self.settings.agent_workspace(request.agent_id)
-        )
+        workspace = Path(profile.workspace) if profile.workspace else self.settings.agent_workspace(request.agent_id)
         task = Task(
-            task_id=uuid.uuid4().hex, agent_id=request.agent_id, session_id=request.session_id,
-            title=request.title, instructions=request.instructions, profile=request.profile,
-            state=State.QUEUED, created_at=now, updated_at=now, request_id=request.request_id,
+            task_id=time_ordered_id(now),
+            agent_id=request.agent_id,
+            session_id=request.session_id,
+            title=request.title,
+            instructions=request.instructions,
+            profile=request.profile,
+            state=State.QUEUED,
+            created_at=now,
+            updated_at=now,
+            request_id=request.request_id,
             harness=request.harness or profile.harness,
             harness_model=request.harness_model or profile.harness_model,
             workspace_mode="profile" if profile.workspace else "agent",
@@ -251,7 +257,8 @@ class Engine:
             if room <= 0:
                 break
             queued = [
-                t for t in await self.store.tasks_in_states([State.QUEUED], limit=room + len(self._live))
+                t
+                for t in await self.store.tasks_in_states([State.QUEUED], limit=room + len(self._live))
                 if t.task_id not in self._live
             ][:room]
             if not queued:
@@ -289,16 +296,25 @@ class Engine:
             now = self.clock.now_ms()
             profile = self.settings.workers.get(task.profile)
             if profile is None:
-                await self._finish(task_id, State.FAILED, Failure(
-                    code=FailureCode.WORKER_LAUNCH_FAILED,
-                    message=f"worker profile {task.profile!r} is no longer configured"))
+                await self._finish(
+                    task_id,
+                    State.FAILED,
+                    Failure(
+                        code=FailureCode.WORKER_LAUNCH_FAILED,
+                        message=f"worker profile {task.profile!r} is no longer configured",
+                    ),
+                )
                 return False
             previous = await self.store.attempts_of(task_id)
             token = secrets.token_urlsafe(32)
             attempt = Attempt(
-                attempt_id=uuid.uuid4().hex, task_id=task_id, number=len(previous) + 1,
-                boot_id=self.boot_id, token_hash=hash_token(token),
-                harness=task.harness, harness_model=task.harness_model,
+                attempt_id=uuid.uuid4().hex,
+                task_id=task_id,
+                number=len(previous) + 1,
+                boot_id=self.boot_id,
+                token_hash=hash_token(token),
+                harness=task.harness,
+                harness_model=task.harness_model,
             )
             live = LiveAttempt(attempt=attempt, profile=profile)
             # Registered before the process exists, so its first call always finds it.
@@ -307,15 +323,20 @@ class Engine:
             log_path = self.settings.data_dir.resolve() / "logs" / task_id / f"attempt-{attempt.number}.log"
             try:
                 launched = await processes.launch(
-                    profile.command, Path(task.workspace_path), self._worker_env(task, attempt, token, profile),
+                    profile.command,
+                    Path(task.workspace_path),
+                    self._worker_env(task, attempt, token, profile),
                     log_path,
                 )
             except OSError as exc:
                 self._forget(live)
                 attempt.outcome = "launch_failed"
                 await self.store.save_attempt(attempt)
-                await self._finish(task_id, State.FAILED, Failure(
-                    code=FailureCode.WORKER_LAUNCH_FAILED, message=f"cannot start the worker: {exc}"))
+                await self._finish(
+                    task_id,
+                    State.FAILED,
+                    Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=f"cannot start the worker: {exc}"),
+                )
                 return False
             live.process = launched.process
             attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
@@ -333,9 +354,7 @@ class Engine:
                     t.failure = None
                 return t
 
-            task, stored = await self.store.update_task(
-                task_id, to_running, "task.state_changed", now, attempt=attempt
-            )
+            task, stored = await self.store.update_task(task_id, to_running, "task.state_changed", now, attempt=attempt)
             self._published(stored, task)
             log.info("worker_started", task_id=task_id, attempt=attempt.number, pid=launched.pid)
             if launched.start_time is not None:
@@ -369,8 +388,14 @@ class Engine:
                     current = await self.store.get_task(task_id)
                     reported = current.result
                     result = Result(text=reported.text if reported else "")
-                await self._finish(task_id, state, failure, result=result, attempt=attempt,
-                                   only_from=(State.RUNNING, State.WAITING_INPUT))
+                await self._finish(
+                    task_id,
+                    state,
+                    failure,
+                    result=result,
+                    attempt=attempt,
+                    only_from=(State.RUNNING, State.WAITING_INPUT),
+                )
                 log.info("worker_exited", task_id=task_id, returncode=returncode, state=state.value)
         finally:
             self._forget(live)
@@ -415,7 +440,10 @@ class Engine:
     # --- cancellation --------------------------------------------------------
 
     async def cancel(
-        self, task_id: str, cause: str = USER_CANCELED, replaced_by: str | None = None,
+        self,
+        task_id: str,
+        cause: str = USER_CANCELED,
+        replaced_by: str | None = None,
         wait_s: float = 0.0,
     ) -> Task:
         """Request a cancel; returns the task (cancelled, cancel_requested or unchanged)."""
@@ -429,8 +457,7 @@ class Engine:
         stopper: asyncio.Task[object] | None = None
         async with self._locks[task_id]:
             task = await self.store.get_task(task_id)
-            if task.terminal or task.state in (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION,
-                                               State.RECOVERING):
+            if task.terminal or task.state in (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION, State.RECOVERING):
                 return task
             cancellation = Cancellation(requested_at=now, cause=cause, replaced_by_task_id=replaced_by)
             live = self._live.get(task_id)
@@ -438,8 +465,10 @@ class Engine:
                 # Not launched by this incarnation: stop what the last attempt recorded.
                 attempts = await self.store.attempts_of(task_id)
                 if attempts:
-                    live = LiveAttempt(attempt=attempts[-1], profile=self.settings.workers.get(
-                        task.profile, WorkerProfile(command=["unknown"])))
+                    live = LiveAttempt(
+                        attempt=attempts[-1],
+                        profile=self.settings.workers.get(task.profile, WorkerProfile(command=["unknown"])),
+                    )
             if live is None:
                 # Queued (or never launched): nothing runs, so nothing to prove.
                 def to_cancelled(t: Task) -> Task:
@@ -479,7 +508,9 @@ class Engine:
         task_id = live.attempt.task_id
         live.stopping = True
         status = await processes.stop_tree(
-            live.attempt, self.tasks_cfg.cancel_grace_ms / 1000, self.tasks_cfg.cleanup_confirm_ms / 1000,
+            live.attempt,
+            self.tasks_cfg.cancel_grace_ms / 1000,
+            self.tasks_cfg.cleanup_confirm_ms / 1000,
             self._table_reader,
         )
         if live.process is not None and not live.exited.is_set():
@@ -509,8 +540,9 @@ class Engine:
             text = task.result.text if task.result else ""
             return PendingOutcome(state=State.COMPLETED, result=Result(text=text, unresolved_background=True))
         if why == "shutdown":
-            return PendingOutcome(state=State.QUEUED, failure=Failure(
-                code=FailureCode.GATEWAY_SHUTDOWN, message=message, retryable=True))
+            return PendingOutcome(
+                state=State.QUEUED, failure=Failure(code=FailureCode.GATEWAY_SHUTDOWN, message=message, retryable=True)
+            )
         code = {
             "stalled": FailureCode.PROGRESS_STALLED,
             "max_duration": FailureCode.MAX_DURATION_EXCEEDED,
@@ -554,8 +586,11 @@ class Engine:
             t.state = State.NEEDS_RECONCILIATION
             t.updated_at = now
             t.pending_outcome = outcome
-            t.failure = Failure(code=FailureCode.CLEANUP_UNCONFIRMED,
-                                message=f"cannot confirm the worker stopped: {detail}", retryable=True)
+            t.failure = Failure(
+                code=FailureCode.CLEANUP_UNCONFIRMED,
+                message=f"cannot confirm the worker stopped: {detail}",
+                retryable=True,
+            )
             if t.cancellation is not None:
                 t.cancellation.cleanup = "unconfirmed"
             return t
@@ -575,7 +610,9 @@ class Engine:
         attempt = attempts[-1] if attempts else None
         if attempt is not None:
             status = await processes.stop_tree(
-                attempt, self.tasks_cfg.cancel_grace_ms / 1000, self.tasks_cfg.cleanup_confirm_ms / 1000,
+                attempt,
+                self.tasks_cfg.cancel_grace_ms / 1000,
+                self.tasks_cfg.cleanup_confirm_ms / 1000,
                 self._table_reader,
             )
         async with self._locks[task_id]:
@@ -742,23 +779,31 @@ class Engine:
             was_cancelling = task.state == State.CANCEL_REQUESTED
             now = self.clock.now_ms()
             if task.state != State.RECOVERING:
-                def to_recovering(t: Task) -> Task:
+
+                def to_recovering(t: Task, at: int = now) -> Task:
                     t.state = State.RECOVERING
-                    t.updated_at = now
+                    t.updated_at = at
                     return t
 
                 task, stored = await self.store.update_task(task.task_id, to_recovering, "task.state_changed", now)
                 self._published(stored, task)
             outcome = (
-                PendingOutcome(state=State.CANCELLED) if was_cancelling or task.cancellation else
-                PendingOutcome(state=State.QUEUED, failure=Failure(
-                    code=FailureCode.GATEWAY_SHUTDOWN, message="the scheduler restarted", retryable=True))
+                PendingOutcome(state=State.CANCELLED)
+                if was_cancelling or task.cancellation
+                else PendingOutcome(
+                    state=State.QUEUED,
+                    failure=Failure(
+                        code=FailureCode.GATEWAY_SHUTDOWN, message="the scheduler restarted", retryable=True
+                    ),
+                )
             )
             if attempt is None:
                 await self._settle(task.task_id, outcome, None)
                 continue
             status = await processes.stop_tree(
-                attempt, self.tasks_cfg.cancel_grace_ms / 1000, self.tasks_cfg.cleanup_confirm_ms / 1000,
+                attempt,
+                self.tasks_cfg.cancel_grace_ms / 1000,
+                self.tasks_cfg.cleanup_confirm_ms / 1000,
                 self._table_reader,
             )
             attempt.outcome = attempt.outcome or "interrupted"

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from libs import proctree
 from services.scheduler.domain import Attempt, ProcessIdentity
@@ -39,12 +40,15 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return argv
 
 
-async def launch(
-    command: Sequence[str], cwd: Path, env: Mapping[str, str], log_path: Path
-) -> Launched:
+def _prepare(cwd: Path, log_path: Path) -> BinaryIO:
     cwd.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log_file:
+    return open(log_path, "ab")  # noqa: SIM115 - closed by launch once the child holds it
+
+
+async def launch(command: Sequence[str], cwd: Path, env: Mapping[str, str], log_path: Path) -> Launched:
+    log_file = await asyncio.to_thread(_prepare, cwd, log_path)
+    with log_file:
         process = await asyncio.create_subprocess_exec(
             *resolve_command(command),
             cwd=str(cwd),
@@ -73,11 +77,12 @@ class TreeStatus:
     def describe(self) -> str:
         parts = []
         if self.group:
-            parts.append(f"{len(self.group)} process(es) still in group: " + ", ".join(
-                str(p.pid) for p in self.group))
+            parts.append(f"{len(self.group)} process(es) still in group: " + ", ".join(str(p.pid) for p in self.group))
         if self.escaped:
-            parts.append("recorded descendant(s) outside the group still alive: " + ", ".join(
-                f"pid {p.pid} (start {p.start_time})" for p in self.escaped))
+            parts.append(
+                "recorded descendant(s) outside the group still alive: "
+                + ", ".join(f"pid {p.pid} (start {p.start_time})" for p in self.escaped)
+            )
         if self.unsignallable:
             parts.append(self.unsignallable)
         return "; ".join(parts) or "no process remains"
@@ -116,8 +121,7 @@ def tree_status(attempt: Attempt, table: dict[int, proctree.ProcStat]) -> TreeSt
     else:
         # Members of our group all started after the leader did.
         status.group = [
-            p for p in proctree.live_group_members(table, attempt.pgid)
-            if p.start_time >= attempt.pid_start_time
+            p for p in proctree.live_group_members(table, attempt.pgid) if p.start_time >= attempt.pid_start_time
         ]
     for d in attempt.descendants:
         stat = table.get(d.pid)

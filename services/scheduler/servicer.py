@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 from services.scheduler import convert, domain
 from services.scheduler.domain import TERMINAL, NewTask, Task
 from services.scheduler.engine import USER_CANCELED, Engine
-from taskgate.scheduler.v1 import scheduler_pb2 as pb
-from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 TOKEN_METADATA_KEY = "x-taskgate-worker-token"
 # How long CancelTask waits for a cooperative worker before answering cancel_requested.
@@ -24,12 +24,21 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     def _now(self) -> int:
         return self.engine.clock.now_ms()
 
-    async def CreateTask(self, request: pb.CreateTaskRequest, context: grpc.aio.ServicerContext) -> pb.CreateTaskResponse:
-        task = await self.engine.create_task(NewTask(
-            agent_id=request.agent_id, session_id=request.session_id, title=request.title,
-            instructions=request.instructions, profile=request.profile, request_id=request.request_id or None,
-            harness=request.harness or None, harness_model=request.harness_model or None,
-        ))
+    async def CreateTask(
+        self, request: pb.CreateTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTaskResponse:
+        task = await self.engine.create_task(
+            NewTask(
+                agent_id=request.agent_id,
+                session_id=request.session_id,
+                title=request.title,
+                instructions=request.instructions,
+                profile=request.profile,
+                request_id=request.request_id or None,
+                harness=request.harness or None,
+                harness_model=request.harness_model or None,
+            )
+        )
         return pb.CreateTaskResponse(task=convert.task_to_pb(task, self._now()))
 
     async def GetTask(self, request: pb.GetTaskRequest, context: grpc.aio.ServicerContext) -> pb.GetTaskResponse:
@@ -43,22 +52,32 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         limit = request.preview_chars or domain.DEFAULT_PREVIEW_CHARS
         now = self._now()
         return pb.ListTasksResponse(
-            page=page.page, pages=page.pages, total=page.total,
+            page=page.page,
+            pages=page.pages,
+            total=page.total,
             tasks=[convert.task_to_pb(t, now, preview_chars=limit) for t in page.tasks],
         )
 
-    async def CancelTask(self, request: pb.CancelTaskRequest, context: grpc.aio.ServicerContext) -> pb.CancelTaskResponse:
+    async def CancelTask(
+        self, request: pb.CancelTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelTaskResponse:
         task = await self.engine.cancel(
-            request.task_id, request.cause or USER_CANCELED, request.replaced_by_task_id or None,
+            request.task_id,
+            request.cause or USER_CANCELED,
+            request.replaced_by_task_id or None,
             wait_s=CANCEL_ANSWER_WAIT_S,
         )
         return pb.CancelTaskResponse(task=convert.task_to_pb(task, self._now()))
 
-    async def RetryCleanup(self, request: pb.RetryCleanupRequest, context: grpc.aio.ServicerContext) -> pb.RetryCleanupResponse:
+    async def RetryCleanup(
+        self, request: pb.RetryCleanupRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RetryCleanupResponse:
         task = await self.engine.retry_cleanup(request.task_id)
         return pb.RetryCleanupResponse(task=convert.task_to_pb(task, self._now()))
 
-    async def WatchTasks(self, request: pb.WatchTasksRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchTasksResponse]:
+    async def WatchTasks(
+        self, request: pb.WatchTasksRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchTasksResponse]:
         if request.task_id:
             domain.validate_task_id(request.task_id)
             if request.session_id or request.agent_id:
@@ -79,14 +98,16 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 return t.agent_id == agent_id and t.session_id == session_id
 
             initial = [
-                t for t in await self.engine.store.tasks_in_states(
-                    [s for s in domain.State if s not in TERMINAL])
+                t
+                for t in await self.engine.store.tasks_in_states([s for s in domain.State if s not in TERMINAL])
                 if accepts(t)
             ]
         async for event in self.engine.watch(accepts, initial):
             yield pb.WatchTasksResponse(
-                sequence=event.sequence, type=convert.EVENT_TYPE_TO_PB[event.type],
-                event_time=convert.ts(event.at), task=convert.task_to_pb(event.task, self._now()),
+                sequence=event.sequence,
+                type=convert.EVENT_TYPE_TO_PB[event.type],
+                event_time=convert.ts(event.at),
+                task=convert.task_to_pb(event.task, self._now()),
             )
 
 
@@ -101,33 +122,48 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
                 return str(value)
         return ""
 
-    async def GetAssignment(self, request: pb.GetAssignmentRequest, context: grpc.aio.ServicerContext) -> pb.GetAssignmentResponse:
+    async def GetAssignment(
+        self, request: pb.GetAssignmentRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetAssignmentResponse:
         task, attempt = await self.engine.assignment(self._token(context))
         resume = task.restart_resume
         return pb.GetAssignmentResponse(
-            task_id=task.task_id, attempt_id=attempt.attempt_id, title=task.title,
-            instructions=task.instructions, resume=bool(resume and resume.count > 0 and attempt.number > 1),
+            task_id=task.task_id,
+            attempt_id=attempt.attempt_id,
+            title=task.title,
+            instructions=task.instructions,
+            resume=bool(resume and resume.count > 0 and attempt.number > 1),
             last_progress=(resume.last_progress or "") if resume else "",
         )
 
-    async def ReportProgress(self, request: pb.ReportProgressRequest, context: grpc.aio.ServicerContext) -> pb.ReportProgressResponse:
+    async def ReportProgress(
+        self, request: pb.ReportProgressRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportProgressResponse:
         await self.engine.report_progress(self._token(context), request.text)
         return pb.ReportProgressResponse()
 
-    async def ReportTool(self, request: pb.ReportToolRequest, context: grpc.aio.ServicerContext) -> pb.ReportToolResponse:
+    async def ReportTool(
+        self, request: pb.ReportToolRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportToolResponse:
         status = convert.TOOL_STATUS_FROM_PB.get(request.status, "")
         exit_code = request.exit_code if request.HasField("exit_code") else None
         await self.engine.report_tool(self._token(context), request.name, status, exit_code)
         return pb.ReportToolResponse()
 
-    async def ReportTouched(self, request: pb.ReportTouchedRequest, context: grpc.aio.ServicerContext) -> pb.ReportTouchedResponse:
+    async def ReportTouched(
+        self, request: pb.ReportTouchedRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportTouchedResponse:
         await self.engine.report_touched(self._token(context), list(request.paths))
         return pb.ReportTouchedResponse()
 
-    async def ReportUsage(self, request: pb.ReportUsageRequest, context: grpc.aio.ServicerContext) -> pb.ReportUsageResponse:
+    async def ReportUsage(
+        self, request: pb.ReportUsageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportUsageResponse:
         await self.engine.report_usage(self._token(context), convert.usage_from_pb(request))
         return pb.ReportUsageResponse()
 
-    async def ReportResult(self, request: pb.ReportResultRequest, context: grpc.aio.ServicerContext) -> pb.ReportResultResponse:
+    async def ReportResult(
+        self, request: pb.ReportResultRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportResultResponse:
         await self.engine.report_result(self._token(context), request.text, request.unresolved_background)
         return pb.ReportResultResponse()

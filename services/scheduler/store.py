@@ -101,9 +101,14 @@ def _write_task(session: Session, task: Task, row: TaskRow | None = None) -> Non
     if row is None:
         session.add(
             TaskRow(
-                task_id=task.task_id, agent_id=task.agent_id, session_id=task.session_id,
-                state=task.state.value, request_id=task.request_id, created_at=task.created_at,
-                updated_at=task.updated_at, doc=doc,
+                task_id=task.task_id,
+                agent_id=task.agent_id,
+                session_id=task.session_id,
+                state=task.state.value,
+                request_id=task.request_id,
+                created_at=task.created_at,
+                updated_at=task.updated_at,
+                doc=doc,
             )
         )
     else:
@@ -115,7 +120,10 @@ def _write_task(session: Session, task: Task, row: TaskRow | None = None) -> Non
 
 def _append_event(session: Session, task: Task, event_type: str, at: int) -> TaskEventRow:
     event = TaskEventRow(
-        task_id=task.task_id, type=event_type, at=at, state=task.state.value,
+        task_id=task.task_id,
+        type=event_type,
+        at=at,
+        state=task.state.value,
         doc=json.dumps({"state": task.state.value}),
     )
     session.add(event)
@@ -167,7 +175,12 @@ class SchedulerStore:
         return await self.db.run(work)
 
     async def list_tasks(
-        self, agent_id: str, session_id: str, include_finished: bool, page: int, page_size: int,
+        self,
+        agent_id: str,
+        session_id: str,
+        include_finished: bool,
+        page: int,
+        page_size: int,
         clamp: Callable[[int], int],
     ) -> tuple[int, list[Task]]:
         """(total, tasks of the clamped page), newest first."""
@@ -267,8 +280,11 @@ def _write_attempt(s: Session, attempt: Attempt) -> None:
     if row is None:
         s.add(
             AttemptRow(
-                attempt_id=attempt.attempt_id, task_id=attempt.task_id, number=attempt.number,
-                token_hash=attempt.token_hash, doc=doc,
+                attempt_id=attempt.attempt_id,
+                task_id=attempt.task_id,
+                number=attempt.number,
+                token_hash=attempt.token_hash,
+                doc=doc,
             )
         )
     else:

@@ -56,7 +56,11 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's exit
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module], cwd=REPO, env=full_env, stdout=log_file, stderr=log_file,
+            [sys.executable, "-m", self.module],
+            cwd=REPO,
+            env=full_env,
+            stdout=log_file,
+            stderr=log_file,
         )
         log_file.close()
         if wait and self.addr:

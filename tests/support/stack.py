@@ -62,8 +62,9 @@ class Stack:
 
     def start(self) -> Stack:
         for name, module, env_name in SERVICES:
-            self.procs[name] = ServiceProcess(module, self.env, self.data_dir / "logs" / f"{name}.log",
-                                              self.env[env_name]).start(wait=False)
+            self.procs[name] = ServiceProcess(
+                module, self.env, self.data_dir / "logs" / f"{name}.log", self.env[env_name]
+            ).start(wait=False)
         self.procs["gateway"] = ServiceProcess("gateway_http", self.env, self.data_dir / "logs" / "gateway.log")
         self.procs["gateway"].start(wait=False)
         self.wait_healthy()
@@ -100,8 +101,13 @@ class Stack:
 
 def make_stack(data_dir: Path, **tasks: int) -> Stack:
     settings = {
-        "max_running": 4, "cancel_grace_ms": 1000, "progress_stale_limit_ms": 0, "max_duration_ms": 0,
-        "background_grace_ms": 900000, "idle_timeout_ms": 300000, **tasks,
+        "max_running": 4,
+        "cancel_grace_ms": 1000,
+        "progress_stale_limit_ms": 0,
+        "max_duration_ms": 0,
+        "background_grace_ms": 900000,
+        "idle_timeout_ms": 300000,
+        **tasks,
     }
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "taskgate.toml"

@@ -20,7 +20,7 @@ def main() -> int:
     w = Worker.from_env()
     steps = json.loads(w.instructions or "[]")
     for step in steps:
-        (action, arg), = step.items()
+        ((action, arg),) = step.items()
         if action == "progress":
             w.progress(arg)
         elif action == "tool":

@@ -17,10 +17,18 @@ def test_defaults_come_from_the_shipped_config() -> None:
 
 def test_toml_then_environment(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
-    config.write_text('pending_addr = "127.0.0.1:6000"\n[tasks]\ndefault_timeout_ms = 42\nmax_running = 2\n'
-                      '[workers.w]\ncommand = ["true"]\nharness = "codex"\n')
-    s = load_settings({"TASKGATE_CONFIG": str(config), "TASKGATE_TASKS_MAX_RUNNING": "7",
-                       "TASKGATE_DATA_DIR": str(tmp_path), "TASKGATE_WORKER_TOKEN": "ignored"})
+    config.write_text(
+        'pending_addr = "127.0.0.1:6000"\n[tasks]\ndefault_timeout_ms = 42\nmax_running = 2\n'
+        '[workers.w]\ncommand = ["true"]\nharness = "codex"\n'
+    )
+    s = load_settings(
+        {
+            "TASKGATE_CONFIG": str(config),
+            "TASKGATE_TASKS_MAX_RUNNING": "7",
+            "TASKGATE_DATA_DIR": str(tmp_path),
+            "TASKGATE_WORKER_TOKEN": "ignored",
+        }
+    )
     assert s.pending_addr == "127.0.0.1:6000"
     assert s.tasks.idle_timeout_ms == 42, "default_timeout_ms is the alias of idle_timeout_ms"
     assert s.tasks.max_running == 7 and s.data_dir == tmp_path

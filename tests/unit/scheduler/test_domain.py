@@ -22,22 +22,37 @@ T0 = 1_000_000
 
 def make_task(state: State = State.RUNNING, **kw: object) -> Task:
     base: dict[str, object] = dict(
-        task_id="a" * 32, agent_id="agent", session_id="s", title="t", instructions="", profile="p",
-        state=state, created_at=T0, updated_at=T0, first_started_at=T0, started_at=T0,
+        task_id="a" * 32,
+        agent_id="agent",
+        session_id="s",
+        title="t",
+        instructions="",
+        profile="p",
+        state=state,
+        created_at=T0,
+        updated_at=T0,
+        first_started_at=T0,
+        started_at=T0,
     )
     base.update(kw)
     return Task(**base)  # type: ignore[arg-type]
 
 
 def make_attempt(**kw: object) -> Attempt:
-    base: dict[str, object] = dict(attempt_id="b" * 32, task_id="a" * 32, number=1, boot_id="x",
-                                   token_hash="h", started_at=T0)
+    base: dict[str, object] = dict(
+        attempt_id="b" * 32, task_id="a" * 32, number=1, boot_id="x", token_hash="h", started_at=T0
+    )
     base.update(kw)
     return Attempt(**base)  # type: ignore[arg-type]
 
 
-SETTINGS = TaskSettings(idle_timeout_ms=1000, progress_stale_limit_ms=5000, max_duration_ms=20000,
-                        background_grace_ms=3000, first_report_timeout_ms=2000)
+SETTINGS = TaskSettings(
+    idle_timeout_ms=1000,
+    progress_stale_limit_ms=5000,
+    max_duration_ms=20000,
+    background_grace_ms=3000,
+    first_report_timeout_ms=2000,
+)
 
 
 @pytest.mark.parametrize("terminal", sorted(domain.TERMINAL))
@@ -48,19 +63,34 @@ def test_a_terminal_task_never_changes_state(terminal: State, target: State) -> 
 
 
 def test_the_lifecycle_transitions_are_allowed() -> None:
-    for a, b in [(State.QUEUED, State.RUNNING), (State.RUNNING, State.WAITING_INPUT),
-                 (State.WAITING_INPUT, State.RUNNING), (State.RUNNING, State.COMPLETED),
-                 (State.RUNNING, State.CANCEL_REQUESTED), (State.CANCEL_REQUESTED, State.CANCELLED),
-                 (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION), (State.NEEDS_RECONCILIATION, State.CANCELLED),
-                 (State.RUNNING, State.RECOVERING), (State.RECOVERING, State.QUEUED)]:
+    for a, b in [
+        (State.QUEUED, State.RUNNING),
+        (State.RUNNING, State.WAITING_INPUT),
+        (State.WAITING_INPUT, State.RUNNING),
+        (State.RUNNING, State.COMPLETED),
+        (State.RUNNING, State.CANCEL_REQUESTED),
+        (State.CANCEL_REQUESTED, State.CANCELLED),
+        (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION),
+        (State.NEEDS_RECONCILIATION, State.CANCELLED),
+        (State.RUNNING, State.RECOVERING),
+        (State.RECOVERING, State.QUEUED),
+    ]:
         domain.check_transition(a, b)
     with pytest.raises(domain.InvalidTransition):
         domain.check_transition(State.QUEUED, State.COMPLETED)
 
 
 def new(**kw: object) -> NewTask:
-    base: dict[str, object] = dict(agent_id="agent-1", session_id="cli-1", title="hello", instructions="x",
-                                   profile="", request_id=None, harness=None, harness_model=None)
+    base: dict[str, object] = dict(
+        agent_id="agent-1",
+        session_id="cli-1",
+        title="hello",
+        instructions="x",
+        profile="",
+        request_id=None,
+        harness=None,
+        harness_model=None,
+    )
     base.update(kw)
     return NewTask(**base)  # type: ignore[arg-type]
 

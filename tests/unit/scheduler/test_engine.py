@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from taskgate.scheduler.v1 import scheduler_pb2_grpc
 
 from libs import proctree
 from libs.db import Database
@@ -23,7 +24,6 @@ from services.scheduler.domain import NewTask, State, Task
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
-from taskgate.scheduler.v1 import scheduler_pb2_grpc
 from tests.support.procs import free_port
 from tests.support.stack import BEHAVE
 
@@ -47,9 +47,18 @@ class Harness:
     db: Database
 
     async def create(self, profile: str, steps: list[object] | None = None, title: str = "t") -> Task:
-        return await self.engine.create_task(NewTask(
-            agent_id="agent-1", session_id="cli-1", title=title, instructions=json.dumps(steps or []),
-            profile=profile, request_id=None, harness=None, harness_model=None))
+        return await self.engine.create_task(
+            NewTask(
+                agent_id="agent-1",
+                session_id="cli-1",
+                title=title,
+                instructions=json.dumps(steps or []),
+                profile=profile,
+                request_id=None,
+                harness=None,
+                harness_model=None,
+            )
+        )
 
     async def wait(self, task_id: str, states: Iterable[State], timeout_s: float = 15.0) -> Task:
         wanted = set(states)
@@ -63,10 +72,19 @@ class Harness:
 
 
 def make_settings(tmp_path: Path, addr: str, **tasks: int) -> Settings:
-    task_settings = TaskSettings(**{"cancel_grace_ms": 300, "cleanup_confirm_ms": 1000, "max_running": 4,
-                                    "supervisor_interval_ms": 3_600_000, **tasks})
+    task_settings = TaskSettings(
+        **{
+            "cancel_grace_ms": 300,
+            "cleanup_confirm_ms": 1000,
+            "max_running": 4,
+            "supervisor_interval_ms": 3_600_000,
+            **tasks,
+        }
+    )
     return Settings(
-        data_dir=tmp_path, scheduler_addr=addr, tasks=task_settings,
+        data_dir=tmp_path,
+        scheduler_addr=addr,
+        tasks=task_settings,
         workers={
             "sleeper": WorkerProfile(command=["sleep", "300"]),
             "behave": WorkerProfile(command=["python", str(BEHAVE)], uses_sdk=True),
@@ -157,8 +175,9 @@ async def test_max_duration_is_enforced(tmp_path: Path) -> None:
 async def test_background_result_is_accepted_after_the_grace(tmp_path: Path) -> None:
     h = await start_harness(tmp_path, background_grace_ms=900_000)
     try:
-        task = await running(h, "behave", [{"result": {"text": "all done", "unresolved_background": True}},
-                                           {"sleep": 300}])
+        task = await running(
+            h, "behave", [{"result": {"text": "all done", "unresolved_background": True}}, {"sleep": 300}]
+        )
         deadline = time.monotonic() + 15
         while (await h.engine.store.get_task(task.task_id)).result is None:
             assert time.monotonic() < deadline

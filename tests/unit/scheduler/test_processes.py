@@ -15,8 +15,16 @@ from services.scheduler.domain import Attempt, ProcessIdentity
 
 
 def attempt_for(pid: int | None, start_time: int | None, pgid: int | None = None) -> Attempt:
-    return Attempt(attempt_id="a" * 32, task_id="t" * 32, number=1, boot_id="b", token_hash="h",
-                   pid=pid, pgid=pgid if pgid is not None else pid, pid_start_time=start_time)
+    return Attempt(
+        attempt_id="a" * 32,
+        task_id="t" * 32,
+        number=1,
+        boot_id="b",
+        token_hash="h",
+        pid=pid,
+        pgid=pgid if pgid is not None else pid,
+        pid_start_time=start_time,
+    )
 
 
 @pytest.fixture
@@ -76,9 +84,16 @@ async def test_stop_tree_terminates_the_group_including_grandchildren() -> None:
 
 
 async def test_sigterm_ignored_means_sigkill_after_the_grace() -> None:
-    leader = subprocess.Popen(["python3", "-c", "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                               "print('ready', flush=True)\ntime.sleep(60)"], start_new_session=True,
-                              stdout=subprocess.PIPE)
+    leader = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\ntime.sleep(60)",
+        ],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert leader.stdout is not None and leader.stdout.readline() == b"ready\n"
         record = attempt_for(leader.pid, proctree.start_time_of(leader.pid))

@@ -1,0 +1,172 @@
+"""Task throughput, launch rate and cancel latency against the real five-process system.
+
+Run: .venv/bin/python bench/bench_tasks.py   (or `make bench`)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
+
+from tests.e2e.conftest import add_member, create_key  # noqa: E402
+from tests.support.stack import make_stack  # noqa: E402
+
+AGENT, SESSION = "agent-1", "cli-bench"
+N_THROUGHPUT = 200
+N_LAUNCH = 40
+N_CANCEL = 8
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def wait_states(
+    channel: grpc.aio.Channel, task_ids: set[str], states: set[int], timeout_s: float
+) -> dict[str, float]:
+    """Follow the session's WatchTasks stream; returns when each task first reached one of ``states``."""
+    reached: dict[str, float] = {}
+    stream = pb_grpc.SchedulerServiceStub(channel).WatchTasks(
+        pb.WatchTasksRequest(agent_id=AGENT, session_id=SESSION), timeout=timeout_s
+    )
+    async for event in stream:
+        if event.task.task_id in task_ids and event.task.state in states and event.task.task_id not in reached:
+            reached[event.task.task_id] = time.perf_counter()
+            if len(reached) == len(task_ids):
+                stream.cancel()
+                break
+    return reached
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = make_stack(Path(tmp), max_running=64, cancel_grace_ms=1000)
+        print("starting the five services ...", flush=True)
+        stack.start()
+        try:
+            key = create_key(stack, "bench", AGENT)
+            add_member(stack, AGENT, SESSION, "bench")
+            base = f"{stack.http_url}/api/v1/agents/{AGENT}/sessions/{SESSION}"
+            headers = {"Authorization": f"Bearer {key}"}
+            channel = grpc.aio.insecure_channel(stack.addr("scheduler"))
+            async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+
+                async def create(profile: str, instructions: str = "") -> str:
+                    r = await http.post(
+                        f"{base}/tasks", json={"title": "b", "profile": profile, "instructions": instructions}
+                    )
+                    r.raise_for_status()
+                    return str(r.json()["task"]["taskId"])
+
+                # 1. REST created -> completed, a worker that exits at once.
+                print(f"throughput: {N_THROUGHPUT} tasks, worker `python -c pass` ...", flush=True)
+                began = time.perf_counter()
+                sem = asyncio.Semaphore(16)
+
+                async def bounded() -> str:
+                    async with sem:
+                        return await create("exit-at-once")
+
+                watcher_ids: set[str] = set()
+                ids = await asyncio.gather(*(bounded() for _ in range(N_THROUGHPUT)))
+                watcher_ids.update(ids)
+                created_s = time.perf_counter() - began
+                while True:
+                    r = await http.get(f"{base}/tasks", params={"page_size": 1})
+                    if r.json()["total"] == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                total_s = time.perf_counter() - began
+                r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 100})
+                throughput = N_THROUGHPUT / total_s
+
+                # 2. Launch rate: queued -> running for N sleepers at once, next to bare asyncio spawns.
+                print(f"launch rate: {N_LAUNCH} sleepers ...", flush=True)
+                waiter_ids: set[str] = set()
+                began = time.perf_counter()
+                launch_ids = await asyncio.gather(*(create("sleeper") for _ in range(N_LAUNCH)))
+                waiter_ids.update(launch_ids)
+                await wait_states(channel, waiter_ids, {pb.TASK_STATE_RUNNING}, 120)
+                launch_s = time.perf_counter() - began
+                for task_id in launch_ids:
+                    await http.post(f"{base}/tasks/{task_id}/cancel")
+                await wait_states(channel, waiter_ids, {pb.TASK_STATE_CANCELLED}, 120)
+                began = time.perf_counter()
+                procs = [
+                    await asyncio.create_subprocess_exec("sleep", "300", start_new_session=True)
+                    for _ in range(N_LAUNCH)
+                ]
+                floor_s = time.perf_counter() - began
+                for p in procs:
+                    p.kill()
+                    await p.wait()
+
+                # 3. Cancel latency: REST call -> `cancelled` seen on the watch stream.
+                latencies: dict[str, list[float]] = {"cooperative": [], "ignores SIGTERM": []}
+                for label, profile, instructions in [
+                    ("cooperative", "sleeper", ""),
+                    (
+                        "ignores SIGTERM",
+                        "behave",
+                        json.dumps([{"trap_term": True}, {"progress": "ready"}, {"sleep": 300}]),
+                    ),
+                ]:
+                    print(f"cancel latency: {N_CANCEL} x {label} ...", flush=True)
+                    for _ in range(N_CANCEL):
+                        task_id = await create(profile, instructions)
+                        if profile == "behave":
+                            await _wait(channel, task_id, lambda t: t.progress.text == "ready")
+                        else:
+                            await _wait(channel, task_id, lambda t: t.state == pb.TASK_STATE_RUNNING)
+                        watch = asyncio.create_task(wait_states(channel, {task_id}, {pb.TASK_STATE_CANCELLED}, 60))
+                        await asyncio.sleep(0.05)  # let the watch subscribe
+                        t0 = time.perf_counter()
+                        await http.post(f"{base}/tasks/{task_id}/cancel")
+                        reached = await watch
+                        latencies[label].append((reached[task_id] - t0) * 1000)
+            await channel.close()
+        finally:
+            stack.stop()
+
+    print()
+    print("taskgate bench_tasks (5 real processes, SQLite, loopback, 2 cores)")
+    print(
+        f"  REST created->completed, exit-at-once worker, N={N_THROUGHPUT}: {throughput:7.1f} tasks/s "
+        f"({total_s:.2f} s total; all {N_THROUGHPUT} creates answered after {created_s:.2f} s)"
+    )
+    print(
+        f"  worker launches, queued->running, N={N_LAUNCH}:            {N_LAUNCH / launch_s:7.1f} /s "
+        f"(floor: bare asyncio.create_subprocess_exec {N_LAUNCH / floor_s:7.1f} /s; ratio "
+        f"{(N_LAUNCH / floor_s) / (N_LAUNCH / launch_s):.1f}x)"
+    )
+    for label, values in latencies.items():
+        print(
+            f"  cancel latency, {label:<16} (grace 1000 ms): p50 {statistics.median(values):7.1f} ms  "
+            f"max {max(values):7.1f} ms  (n={len(values)})"
+        )
+
+
+async def _wait(channel: grpc.aio.Channel, task_id: str, done: object) -> None:
+    stream = pb_grpc.SchedulerServiceStub(channel).WatchTasks(pb.WatchTasksRequest(task_id=task_id), timeout=60)
+    async for event in stream:
+        if done(event.task):  # type: ignore[operator]
+            stream.cancel()
+            return
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

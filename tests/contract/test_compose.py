@@ -1,0 +1,28 @@
+"""docker-compose.yml parses and runs every service (it cannot be started here: no Docker engine)."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.support.procs import REPO
+
+MODULES = {
+    "scheduler": "services.scheduler",
+    "pending-registry": "services.pending_registry",
+    "telemetry-agent": "services.telemetry_agent",
+    "notifier": "services.notifier",
+    "gateway-http": "gateway_http",
+}
+
+
+def test_compose_names_every_service_and_postgres() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(MODULES) | {"postgres"} <= set(services)
+    for name, module in MODULES.items():
+        assert services[name]["command"] == ["python", "-m", module], name
+        env = services[name]["environment"]
+        for db in ("SCHEDULER", "PENDING", "NOTIFIER", "GATEWAY"):
+            assert env[f"TASKGATE_{db}_DB_URL"].startswith("postgresql://")
+    assert services["gateway-http"]["ports"] == ["127.0.0.1:8080:8080"]
+    assert (REPO / "Dockerfile").exists() and (REPO / "deploy" / "postgres-init.sql").exists()

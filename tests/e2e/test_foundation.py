@@ -1,0 +1,126 @@
+"""The first task path over real HTTP to real services, auth, validation and pagination."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.e2e.conftest import AGENT, SESSION, Api, add_member, create_key
+from tests.support.stack import Stack
+
+
+def test_healthz_reports_every_backend_serving(stack: Stack) -> None:
+    response = httpx.get(f"{stack.http_url}/healthz", timeout=10)
+    assert response.status_code == 200
+    assert response.json()["backends"] == {n: "SERVING" for n in ("scheduler", "pending", "telemetry", "notifier")}
+
+
+def test_openapi_document_lists_the_task_endpoints(stack: Stack) -> None:
+    paths = httpx.get(f"{stack.http_url}/openapi.json", timeout=10).json()["paths"]
+    assert "/api/v1/agents/{agentId}/sessions/{sessionId}/tasks" in paths
+    assert "/api/v1/agents/{agentId}/sessions/{sessionId}/tasks/{taskId}/cancel" in paths
+
+
+def test_demo_task_runs_to_completion(api: Api) -> None:
+    created = api.create("hello", instructions="say hello to the world")
+    assert created["state"] == "queued" and created["targetProfile"] == "default-worker"
+    assert created["executionType"] == "worker"
+    task = api.wait_state(created["taskId"], "completed", "failed")
+    assert task["state"] == "completed", task
+    assert task["result"]["text"] == "Done: 'hello' (5 words of instructions)."
+    assert task["progress"]["text"].startswith("step 3/3")
+    assert task["attempts"][0]["exitCode"] == 0 and task["attempts"][0]["pid"] > 0
+    assert task["timing"]["endedAt"] >= task["timing"]["firstStartedAt"] >= task["timing"]["createdAt"]
+
+
+def test_non_zero_exit_fails_with_the_exit_code(api: Api) -> None:
+    created = api.create("fails", profile="behave", instructions=json.dumps([{"exit": 3}]))
+    task = api.wait_state(created["taskId"], "completed", "failed")
+    assert task["state"] == "failed"
+    assert task["failure"]["code"] == "WORKER_EXITED" and task["failure"]["exitCode"] == 3
+
+
+def test_missing_or_unknown_key_is_401(api: Api) -> None:
+    assert httpx.get(api.base + "/tasks", timeout=10).status_code == 401
+    response = httpx.get(api.base + "/tasks", headers={"Authorization": "Bearer tg_nope"}, timeout=10)
+    assert response.status_code == 401 and response.json()["error"] == "UNAUTHENTICATED"
+    response = httpx.get(api.base + "/tasks", headers={"Authorization": "Basic abc"}, timeout=10)
+    assert response.status_code == 401
+
+
+def test_agent_access_and_membership_are_checked(stack: Stack, api: Api) -> None:
+    other_agent = Api(stack, api.key, agent="agent-2")
+    response = other_agent.request("GET", "/tasks")
+    assert response.status_code == 403 and response.json()["error"] == "AGENT_ACCESS_DENIED"
+    not_member = Api(stack, api.key, session="cli-other")
+    response = not_member.request("GET", "/tasks")
+    assert response.status_code == 403 and response.json()["error"] == "NOT_A_MEMBER"
+    bob = Api(stack, create_key(stack, "bob", AGENT))
+    assert bob.request("GET", "/tasks").status_code == 403
+    add_member(stack, AGENT, SESSION, "bob")
+    assert bob.request("GET", "/tasks").status_code == 200
+
+
+def test_disabled_orchestration_is_409(stack: Stack, api: Api) -> None:
+    response = Api(stack, api.key, agent="agent-off").request("GET", "/tasks")
+    assert response.status_code == 409 and response.json()["error"] == "ORCHESTRATION_DISABLED"
+
+
+def test_a_task_of_another_session_is_403(stack: Stack, api: Api) -> None:
+    task = api.create("mine", profile="exit-at-once")
+    add_member(stack, AGENT, "cli-elsewhere", "alice")
+    elsewhere = Api(stack, api.key, session="cli-elsewhere")
+    for method, path in [("GET", ""), ("POST", "/cancel"), ("POST", "/retry-cleanup")]:
+        response = elsewhere.request(method, f"/tasks/{task['taskId']}{path}")
+        assert response.status_code == 403, (method, path, response.text)
+    assert api.request("GET", "/tasks/" + "0" * 32).status_code == 404
+    response = api.request("GET", "/tasks/not-a-task-id")
+    assert response.status_code == 400 and response.json()["error"] == "INVALID_ID"
+
+
+def test_bad_input_is_400_and_nothing_is_written(api: Api) -> None:
+    before = api.request("GET", "/tasks?all=true").json()["total"]
+    cases = [
+        ({"title": "x", "profile": "no-such-profile"}, "UNKNOWN_PROFILE"),
+        ({"title": "   "}, "EMPTY_TITLE"),
+        ({"title": ""}, "EMPTY_TITLE"),
+        ({"title": "x" * 201}, "INVALID_ARGUMENT"),
+        ({"title": "x", "instructions": "y" * 70000}, "INVALID_ARGUMENT"),
+        ({"instructions": "no title"}, "INVALID_ARGUMENT"),
+        ({"title": "x", "command": ["rm", "-rf", "/"]}, "INVALID_ARGUMENT"),
+        ({"title": 5}, "INVALID_ARGUMENT"),
+    ]
+    for body, error in cases:
+        response = api.request("POST", "/tasks", json=body)
+        assert response.status_code == 400, (body, response.text)
+        assert response.json()["error"] == error and response.json()["message"], body
+    response = api.request("POST", "/tasks", content=b'{"title": "broken', headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"] == "INVALID_JSON"
+    response = api.request("POST", "/tasks", content=b"x" * 300_000, headers={"Content-Type": "application/json"})
+    assert response.status_code == 413 and response.json()["error"] == "PAYLOAD_TOO_LARGE"
+    assert api.request("GET", "/tasks?all=true").json()["total"] == before
+
+
+def test_request_id_makes_create_idempotent(api: Api) -> None:
+    first = api.create("once", profile="exit-at-once", requestId="req-42")
+    again = api.create("once", profile="exit-at-once", requestId="req-42")
+    assert again["taskId"] == first["taskId"]
+
+
+def test_pagination_rules(stack: Stack, api: Api) -> None:
+    add_member(stack, AGENT, "cli-pages", "alice")
+    pages_api = Api(stack, api.key, session="cli-pages")
+    ids = [pages_api.create(f"p{i}", profile="exit-at-once")["taskId"] for i in range(5)]
+    for task_id in ids:
+        pages_api.wait_state(task_id, "completed")
+    assert pages_api.request("GET", "/tasks").json() == {"page": 0, "pages": 1, "total": 0, "tasks": []}
+    body = pages_api.request("GET", "/tasks?all=true&page_size=2").json()
+    assert (body["page"], body["pages"], body["total"], len(body["tasks"])) == (0, 3, 5, 2)
+    assert [t["taskId"] for t in body["tasks"]] == ids[::-1][:2], "newest first"
+    body = pages_api.request("GET", "/tasks?all=true&page_size=2&page=99").json()
+    assert body["page"] == 2 and [t["taskId"] for t in body["tasks"]] == [ids[0]]
+    for query in ["page=-1", "page=abc", "page_size=0", "page_size=101", "all=maybe"]:
+        response = pages_api.request("GET", f"/tasks?{query}")
+        assert response.status_code == 400, query
+        assert response.json()["error"] == "INVALID_PAGINATION"
