@@ -59,8 +59,11 @@ async def rpc_error_handler(_: Request, exc: Exception) -> JSONResponse:
     return error_response(api.status, api.error, api.message)
 
 
-async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    content_type = request.headers.get("content-type", "")
+    if request.method == "POST" and content_type and not content_type.startswith("application/json"):
+        return error_response(400, "INVALID_CONTENT_TYPE", "send the body as JSON with 'Content-Type: application/json'")
     problems = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":
