@@ -9,6 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from sqlalchemy import BigInteger
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration
@@ -41,8 +42,8 @@ class ApiKeyRow(SQLModel, table=True):
     principal: str
     agents: str  # JSON list of agent ids
     allow_tools: str | None = None  # JSON list; None allows every tool
-    created_at: int
-    revoked_at: int | None = None
+    created_at: int = Field(sa_type=BigInteger)
+    revoked_at: int | None = Field(default=None, sa_type=BigInteger)
 
 
 class MembershipRow(SQLModel, table=True):
@@ -50,7 +51,7 @@ class MembershipRow(SQLModel, table=True):
     agent_id: str = Field(primary_key=True)
     session_id: str = Field(primary_key=True)
     principal: str = Field(primary_key=True)
-    created_at: int
+    created_at: int = Field(sa_type=BigInteger)
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,18 @@ from sqlmodel import Session
 T = TypeVar("T")
 
 
+# The few words of DDL that differ between the dialects, written {LIKE_THIS} in migrations.
+DIALECT_WORDS = {
+    "sqlite": {"ID_PK": "INTEGER PRIMARY KEY"},
+    "postgresql": {"ID_PK": "BIGSERIAL PRIMARY KEY"},
+}
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
     name: str
-    # Portable DDL: runs unchanged on SQLite and PostgreSQL.
+    # Portable DDL: runs on SQLite and PostgreSQL; {ID_PK} is an auto-increasing key.
     statements: Sequence[str]
 
 
@@ -87,6 +94,8 @@ def migrate(engine: Engine, migrations: Sequence[Migration]) -> list[int]:
             if m.version in done:
                 continue
             for stmt in m.statements:
+                for word, replacement in DIALECT_WORDS.get(engine.dialect.name, {}).items():
+                    stmt = stmt.replace("{" + word + "}", replacement)
                 conn.execute(text(stmt))
             conn.execute(
                 text("INSERT INTO schema_migrations (version, name, applied_at) VALUES (:v, :n, :t)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sqlalchemy import BigInteger
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration
@@ -33,7 +34,7 @@ class NotificationRow(SQLModel, table=True):
     task_id: str | None = None
     body: str
     handled: bool = False
-    created_at: int
+    created_at: int = Field(sa_type=BigInteger)
     request_id: str | None = None
     attempt_count: int = 0
 

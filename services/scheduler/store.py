@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import func
+from sqlalchemy import BigInteger, func
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration
@@ -45,7 +45,7 @@ MIGRATIONS = [
             "CREATE INDEX ix_attempts_task ON attempts (task_id, number)",
             "CREATE UNIQUE INDEX ux_attempts_token ON attempts (token_hash)",
             "CREATE TABLE task_events ("
-            " id INTEGER PRIMARY KEY, task_id VARCHAR(32) NOT NULL REFERENCES tasks(task_id),"
+            " id {ID_PK}, task_id VARCHAR(32) NOT NULL REFERENCES tasks(task_id),"
             " type VARCHAR(40) NOT NULL, at BIGINT NOT NULL, state VARCHAR(32) NOT NULL, doc TEXT NOT NULL)",
             "CREATE INDEX ix_task_events_task ON task_events (task_id, id)",
         ],
@@ -60,8 +60,8 @@ class TaskRow(SQLModel, table=True):
     session_id: str
     state: str
     request_id: str | None = None
-    created_at: int
-    updated_at: int
+    created_at: int = Field(sa_type=BigInteger)
+    updated_at: int = Field(sa_type=BigInteger)
     doc: str
 
 
@@ -76,10 +76,10 @@ class AttemptRow(SQLModel, table=True):
 
 class TaskEventRow(SQLModel, table=True):
     __tablename__ = "task_events"
-    id: int | None = Field(default=None, primary_key=True)
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInteger)
     task_id: str
     type: str
-    at: int
+    at: int = Field(sa_type=BigInteger)
     state: str
     doc: str
 

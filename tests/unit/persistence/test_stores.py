@@ -1,0 +1,195 @@
+"""Persistence on SQLite and on a throwaway PostgreSQL cluster: same code, same behaviour."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, text
+
+from gateway_http.store import MIGRATIONS as GATEWAY_MIGRATIONS
+from gateway_http.store import GatewayStore
+from libs.db import Database, Migration, migrate
+from services.notifier.domain import Kind, Notification
+from services.notifier.store import MIGRATIONS as NOTIFIER_MIGRATIONS
+from services.notifier.store import NotifierStore
+from services.scheduler.domain import Attempt, InvalidTransition, State, Task
+from services.scheduler.store import MIGRATIONS as SCHEDULER_MIGRATIONS
+from services.scheduler.store import SchedulerStore, TaskRow
+from tests.support.postgres import fresh_database
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'test.db'}"
+    return fresh_database(request.getfixturevalue("postgres_url"), "store")
+
+
+@pytest.fixture
+def scheduler_db(db_url: str) -> Iterator[Database]:
+    db = Database(db_url, SCHEDULER_MIGRATIONS)
+    assert db.migrate() == [1]
+    yield db
+    db.close()
+
+
+def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000, **kw: object) -> Task:
+    return Task(task_id=task_id, agent_id="a", session_id="s", title="t", instructions="i", profile="p",
+                state=state, created_at=created_at, updated_at=created_at, **kw)  # type: ignore[arg-type]
+
+
+def test_migrations_are_applied_once(db_url: str) -> None:
+    db = Database(db_url, SCHEDULER_MIGRATIONS)
+    try:
+        assert db.migrate() == [1]
+        assert db.migrate() == []
+        tables = set(inspect(db.engine).get_table_names())
+        assert {"tasks", "attempts", "task_events", "schema_migrations"} <= tables
+    finally:
+        db.close()
+
+
+def test_a_failing_migration_leaves_nothing_half_written(db_url: str) -> None:
+    db = Database(db_url)
+    try:
+        good = Migration(1, "good", ["CREATE TABLE good_one (a INTEGER)"])
+        bad = Migration(2, "bad", ["CREATE TABLE half_done (a INTEGER)", "CREATE TABLE broken ("])
+        migrate(db.engine, [good])
+        with pytest.raises(Exception):  # noqa: B017 - the dialects raise different errors
+            migrate(db.engine, [good, bad])
+        tables = set(inspect(db.engine).get_table_names())
+        assert "good_one" in tables and "half_done" not in tables
+        with db.engine.connect() as conn:
+            assert [r[0] for r in conn.execute(text("SELECT version FROM schema_migrations"))] == [1]
+    finally:
+        db.close()
+
+
+async def test_create_is_idempotent_per_request_id(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db)
+    first, event = await store.create_task(make_task("1" * 32, request_id="r1"))
+    again, none = await store.create_task(make_task("2" * 32, request_id="r1"))
+    assert event is not None and none is None and again.task_id == first.task_id
+
+
+async def test_a_transition_appends_an_event_and_an_invalid_one_writes_nothing(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db)
+    await store.create_task(make_task("1" * 32))
+
+    def to_running(t: Task) -> Task:
+        t.state = State.RUNNING
+        return t
+
+    task, event = await store.update_task("1" * 32, to_running, "task.state_changed", 2000)
+    assert task.state == State.RUNNING and event is not None and event.type == "task.state_changed"
+
+    def to_queued_with_junk(t: Task) -> Task:
+        t.state = State.COMPLETED
+        t.title = "changed"
+        return t
+
+    await store.update_task("1" * 32, lambda t: t.model_copy(update={"state": State.COMPLETED}), None, 3000)
+    with pytest.raises(InvalidTransition):
+        await store.update_task("1" * 32, lambda t: t.model_copy(update={"state": State.RUNNING, "title": "x"}),
+                                "task.state_changed", 4000)
+    stored = await store.get_task("1" * 32)
+    assert stored.state == State.COMPLETED and stored.title == "t"
+    with scheduler_db.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM task_events")).scalar() == 2
+
+
+async def test_listing_pages_newest_first_and_hides_finished(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db)
+    for i in range(5):
+        state = State.COMPLETED if i == 0 else State.QUEUED
+        await store.create_task(make_task(f"{i:032x}", state=state, created_at=1000 + i))
+    total, tasks = await store.list_tasks("a", "s", False, 0, 3, lambda total: 0)
+    assert total == 4 and [t.task_id for t in tasks] == [f"{i:032x}" for i in (4, 3, 2)]
+    total, tasks = await store.list_tasks("a", "s", True, 1, 3, lambda total: 1)
+    assert total == 5 and [t.task_id for t in tasks] == [f"{i:032x}" for i in (1, 0)]
+
+
+async def test_attempts_are_found_by_token_hash(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db)
+    await store.create_task(make_task("1" * 32))
+    attempt = Attempt(attempt_id="a" * 32, task_id="1" * 32, number=1, boot_id="b", token_hash="h" * 64)
+    await store.save_attempt(attempt)
+    attempt.pid = 42
+    await store.save_attempt(attempt)
+    found = await store.attempt_by_token_hash("h" * 64)
+    assert found is not None and found.pid == 42
+    assert [a.attempt_id for a in await store.attempts_of("1" * 32)] == ["a" * 32]
+
+
+async def test_a_row_written_by_an_older_version_still_reads(scheduler_db: Database) -> None:
+    old_doc = {"task_id": "9" * 32, "agent_id": "a", "session_id": "s", "title": "old", "instructions": "",
+               "profile": "default-worker", "state": "failed", "created_at": 1, "updated_at": 2}
+    with scheduler_db.session() as s, s.begin():
+        s.add(TaskRow(task_id="9" * 32, agent_id="a", session_id="s", state="failed", created_at=1,
+                      updated_at=2, doc=json.dumps(old_doc)))
+    task = await SchedulerStore(scheduler_db).get_task("9" * 32)
+    assert task.title == "old" and task.recent_tools == [] and task.restart_resume is None
+
+
+def test_gateway_keys_are_stored_hashed_and_revocable(db_url: str) -> None:
+    db = Database(db_url, GATEWAY_MIGRATIONS)
+    db.migrate()
+    try:
+        with db.session() as s, s.begin():
+            key, secret = GatewayStore.create_key(s, "alice", ["agent-1"], None)
+        with db.engine.connect() as conn:
+            stored = conn.execute(text("SELECT key_hash, display_prefix FROM api_keys")).one()
+        assert secret not in stored[0] and stored[0] != secret and secret.startswith(stored[1])
+        with db.session() as s, s.begin():
+            found = GatewayStore.find_key(s, secret)
+            assert found is not None and found.agents == ("agent-1",) and found.allows_tool("task_cancel")
+            assert GatewayStore.find_key(s, secret + "x") is None
+            assert GatewayStore.add_member(s, "agent-1", "cli-1", "alice")
+            assert not GatewayStore.add_member(s, "agent-1", "cli-1", "alice")
+            assert GatewayStore.revoke_key(s, key.key_id)
+        with db.session() as s, s.begin():
+            assert GatewayStore.find_key(s, secret) is None
+            assert GatewayStore.is_member(s, "agent-1", "cli-1", "alice")
+    finally:
+        db.close()
+
+
+async def test_notifications_enqueue_once_per_request_id(db_url: str) -> None:
+    db = Database(db_url, NOTIFIER_MIGRATIONS)
+    db.migrate()
+    try:
+        store = NotifierStore(db)
+        n = Notification(notification_id="1" * 32, agent_id="a", session_id="s", kind=Kind.TASK_REPORT,
+                         body="done", created_at=1, request_id="task-1-report")
+        await store.enqueue(n)
+        again = await store.enqueue(n.model_copy(update={"notification_id": "2" * 32}))
+        assert again.notification_id == "1" * 32
+        assert [x.notification_id for x in await store.list_for("a", "s", 0, 10)] == ["1" * 32]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(
+    ("migrations", "models"),
+    [
+        (SCHEDULER_MIGRATIONS, ["tasks", "attempts", "task_events"]),
+        (GATEWAY_MIGRATIONS, ["api_keys", "memberships"]),
+        (NOTIFIER_MIGRATIONS, ["notifications"]),
+    ],
+)
+def test_table_models_match_the_migrated_schema(db_url: str, migrations: list[Migration], models: list[str]) -> None:
+    from sqlmodel import SQLModel
+
+    db = Database(db_url, migrations)
+    db.migrate()
+    try:
+        inspector = inspect(db.engine)
+        for table in models:
+            migrated = {c["name"] for c in inspector.get_columns(table)}
+            modelled = {c.name for c in SQLModel.metadata.tables[table].columns}
+            assert migrated == modelled, table
+    finally:
+        db.close()
