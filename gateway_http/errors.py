@@ -63,7 +63,9 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
     assert isinstance(exc, RequestValidationError)
     content_type = request.headers.get("content-type", "")
     if request.method == "POST" and content_type and not content_type.startswith("application/json"):
-        return error_response(400, "INVALID_CONTENT_TYPE", "send the body as JSON with 'Content-Type: application/json'")
+        return error_response(
+            400, "INVALID_CONTENT_TYPE", "send the body as JSON with 'Content-Type: application/json'"
+        )
     problems = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":
