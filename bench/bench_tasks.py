@@ -20,7 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
-
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from taskgate.scheduler.v1 import scheduler_pb2_grpc
 
 from libs.grpc_client import aio_channel
 from libs.settings import Settings
+from taskgate.scheduler.v1 import scheduler_pb2_grpc
 
 BACKEND_NAMES = ("scheduler", "pending", "telemetry", "notifier")
 

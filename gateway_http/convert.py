@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 STATE_NAMES = {

@@ -87,8 +87,8 @@ def main() -> int:
                     "Create an API key and a membership, then call the API:\n"
                     "  .venv/bin/taskgate admin keys create --principal me --agent agent-1\n"
                     "  .venv/bin/taskgate admin members add --agent agent-1 --session cli-1 --principal me\n"
-                    f"  curl -H 'Authorization: Bearer <key>' -H 'Content-Type: application/json' -d '{{\"title\":\"hello\"}}' "
-                    f"{url}/api/v1/agents/agent-1/sessions/cli-1/tasks\n",
+                    "  curl -H 'Authorization: Bearer <key>' -H 'Content-Type: application/json' \\\n"
+                    f"       -d '{{\"title\":\"hello\"}}' {url}/api/v1/agents/agent-1/sessions/cli-1/tasks\n",
                     flush=True,
                 )
             elif time.monotonic() > deadline:

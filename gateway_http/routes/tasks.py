@@ -7,13 +7,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 from gateway_http.auth import SessionCaller
 from gateway_http.backends import Backends
 from gateway_http.convert import task_json
 from gateway_http.errors import ApiError
 from libs.ids import UUID_HEX_PATTERN
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 router = APIRouter(prefix="/api/v1/agents/{agentId}/sessions/{sessionId}", tags=["tasks"])
 

@@ -6,14 +6,13 @@ import asyncio
 import os
 import sys
 
-from taskgate.notifier.v1 import notifier_pb2, notifier_pb2_grpc
-
 from libs.db import Database
 from libs.grpc_server import serve
 from libs.log import configure_logging, get_logger
 from libs.settings import SettingsError, load_settings
 from services.notifier.servicer import NotifierServicer
 from services.notifier.store import MIGRATIONS, NotifierStore
+from taskgate.notifier.v1 import notifier_pb2, notifier_pb2_grpc
 
 
 async def main() -> None:

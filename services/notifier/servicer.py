@@ -7,12 +7,12 @@ import uuid
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
-from taskgate.notifier.v1 import notifier_pb2 as pb
-from taskgate.notifier.v1 import notifier_pb2_grpc as pb_grpc
 
 from services.notifier import domain
 from services.notifier.domain import Kind, Notification
 from services.notifier.store import NotifierStore
+from taskgate.notifier.v1 import notifier_pb2 as pb
+from taskgate.notifier.v1 import notifier_pb2_grpc as pb_grpc
 
 KIND_FROM_PB = {
     pb.NOTIFICATION_KIND_TASK_REPORT: Kind.TASK_REPORT,

@@ -6,8 +6,6 @@ import asyncio
 import os
 import sys
 
-from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-
 from libs.db import Database
 from libs.grpc_server import serve
 from libs.log import configure_logging, get_logger
@@ -15,6 +13,7 @@ from libs.settings import SettingsError, load_settings
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
+from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
 async def main() -> None:

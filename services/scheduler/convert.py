@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, State, Task, ToolEvent
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 STATE_TO_PB = {
     State.QUEUED: pb.TASK_STATE_QUEUED,

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
-from taskgate.scheduler.v1 import scheduler_pb2 as pb
-from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 from services.scheduler import convert, domain
 from services.scheduler.domain import TERMINAL, NewTask, Task
 from services.scheduler.engine import USER_CANCELED, Engine
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 TOKEN_METADATA_KEY = "x-taskgate-worker-token"
 # How long CancelTask waits for a cooperative worker before answering cancel_requested.

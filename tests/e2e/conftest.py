@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-
 from tests.support.procs import REPO
 from tests.support.stack import Stack, make_stack
 

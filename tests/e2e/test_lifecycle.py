@@ -10,10 +10,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from taskgate.scheduler.v1 import scheduler_pb2 as pb
-from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 from libs import proctree
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.e2e.conftest import Api, wait_pid_file
 
 RUNNING = pb.TASK_STATE_RUNNING

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from taskgate.scheduler.v1 import scheduler_pb2_grpc
 
 from libs import proctree
 from libs.db import Database
@@ -24,6 +23,7 @@ from services.scheduler.domain import NewTask, State, Task
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
+from taskgate.scheduler.v1 import scheduler_pb2_grpc
 from tests.support.procs import free_port
 from tests.support.stack import BEHAVE
 
