@@ -39,8 +39,8 @@ def validate_new(agent_id: str, session_id: str, task_id: str | None, body: str,
     for name, value in (("agentId", agent_id), ("sessionId", session_id)):
         if not ID_PATTERN.match(value):
             raise InvalidArgument("INVALID_ID", f"{name} must be 1-128 id characters", field=name)
-    for name, value in (("taskId", task_id), ("requestId", request_id)):
-        if value is not None and not ID_PATTERN.match(value):
+    for name, optional in (("taskId", task_id), ("requestId", request_id)):
+        if optional is not None and not ID_PATTERN.match(optional):
             raise InvalidArgument("INVALID_ID", f"{name} must be 1-128 id characters", field=name)
     if not body.strip():
         raise InvalidArgument("EMPTY_BODY", "body must not be empty", field="body")

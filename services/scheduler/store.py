@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, func
+from sqlalchemy import BigInteger, ColumnElement, func
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration
@@ -186,7 +186,10 @@ class SchedulerStore:
         """(total, tasks of the clamped page), newest first."""
 
         def work(s: Session) -> tuple[int, list[Task]]:
-            where = [TaskRow.agent_id == agent_id, TaskRow.session_id == session_id]
+            where: list[ColumnElement[bool]] = [
+                col(TaskRow.agent_id) == agent_id,
+                col(TaskRow.session_id) == session_id,
+            ]
             if not include_finished:
                 where.append(col(TaskRow.state).not_in([t.value for t in TERMINAL]))
             total = s.exec(select(func.count()).select_from(TaskRow).where(*where)).one()

@@ -15,6 +15,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -28,6 +29,7 @@ from tests.support.postgres import fresh_database, postgres_url  # noqa: F401 - 
 from tests.support.procs import ServiceProcess, free_port
 
 pytestmark = pytest.mark.e2e
+R = TypeVar("R")
 
 RPC_TIMEOUT = 10.0
 
@@ -76,7 +78,7 @@ def registry(tmp_path: Path, db_url: str) -> Iterator[Registry]:
         reg.close()
 
 
-def call[R](method: Callable[..., R], request: object) -> R:
+def call(method: Callable[..., R], request: object) -> R:
     # wait_for_ready: ride out the reconnect after a restart instead of failing fast.
     return method(request, timeout=RPC_TIMEOUT, wait_for_ready=True)
 
@@ -105,7 +107,8 @@ def test_answers_survive_sigkill_and_restart(registry: Registry) -> None:
     open_q = call(stub.AskQuestion, pb.AskQuestionRequest(
         task_id=waiting_task, session_id="tg-1", text="deploy?")).question
     blocked = stub.AwaitAnswer.future(pb.AwaitAnswerRequest(question_id=open_q.question_id), timeout=30)
-    time.sleep(0)  # (no wait needed: the kill below fails the call whether or not it arrived)
+    call(stub.GetQuestion, pb.GetQuestionRequest(question_id=open_q.question_id))
+    assert not blocked.done()
 
     registry.kill()
     with pytest.raises(grpc.RpcError) as exc:
@@ -183,8 +186,7 @@ def test_sigterm_releases_blocked_callers_and_exits(registry: Registry) -> None:
     stub = registry.stub
     producer = stub.Ask.future(pb.AskRequest(session_id="cli-1", kind=pb.ENTRY_KIND_CONFIRM, payload="ok?"),
                                timeout=60, wait_for_ready=True)
-    wait_for(lambda: call(stub.PickNextMatch, pb.PickNextMatchRequest(
-        prefix="cli-", picker="probe", kinds=[pb.ENTRY_KIND_SECRET])) is not None and _live(registry), "the entry")
+    wait_for(lambda: _has_entry(registry), "the entry")
     started = time.monotonic()
     assert registry.proc.stop(signal.SIGTERM, timeout_s=15) == 0
     with pytest.raises(grpc.RpcError) as exc:
@@ -193,7 +195,7 @@ def test_sigterm_releases_blocked_callers_and_exits(registry: Registry) -> None:
     assert time.monotonic() - started < 5  # not held for the grace period
 
 
-def _live(registry: Registry) -> bool:
+def _has_entry(registry: Registry) -> bool:
     stream = registry.stub.Listen(pb.ListenRequest(prefix="cli-"), timeout=5)
     try:
         first = next(stream)

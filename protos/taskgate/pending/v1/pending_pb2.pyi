@@ -24,6 +24,22 @@ class QuestionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUESTION_STATE_ANSWERED: _ClassVar[QuestionState]
     QUESTION_STATE_REPLACED: _ClassVar[QuestionState]
     QUESTION_STATE_CANCELLED: _ClassVar[QuestionState]
+
+class ListenEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LISTEN_EVENT_TYPE_UNSPECIFIED: _ClassVar[ListenEventType]
+    LISTEN_EVENT_TYPE_AVAILABLE: _ClassVar[ListenEventType]
+    LISTEN_EVENT_TYPE_SYNCED: _ClassVar[ListenEventType]
+    LISTEN_EVENT_TYPE_CLAIMED: _ClassVar[ListenEventType]
+    LISTEN_EVENT_TYPE_REMOVED: _ClassVar[ListenEventType]
+
+class RemovalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REMOVAL_REASON_UNSPECIFIED: _ClassVar[RemovalReason]
+    REMOVAL_REASON_ANSWERED: _ClassVar[RemovalReason]
+    REMOVAL_REASON_WITHDRAWN: _ClassVar[RemovalReason]
+    REMOVAL_REASON_CANCELED: _ClassVar[RemovalReason]
+    REMOVAL_REASON_SHUTDOWN: _ClassVar[RemovalReason]
 ENTRY_KIND_UNSPECIFIED: EntryKind
 ENTRY_KIND_CONFIRM: EntryKind
 ENTRY_KIND_ASK: EntryKind
@@ -33,21 +49,35 @@ QUESTION_STATE_OPEN: QuestionState
 QUESTION_STATE_ANSWERED: QuestionState
 QUESTION_STATE_REPLACED: QuestionState
 QUESTION_STATE_CANCELLED: QuestionState
+LISTEN_EVENT_TYPE_UNSPECIFIED: ListenEventType
+LISTEN_EVENT_TYPE_AVAILABLE: ListenEventType
+LISTEN_EVENT_TYPE_SYNCED: ListenEventType
+LISTEN_EVENT_TYPE_CLAIMED: ListenEventType
+LISTEN_EVENT_TYPE_REMOVED: ListenEventType
+REMOVAL_REASON_UNSPECIFIED: RemovalReason
+REMOVAL_REASON_ANSWERED: RemovalReason
+REMOVAL_REASON_WITHDRAWN: RemovalReason
+REMOVAL_REASON_CANCELED: RemovalReason
+REMOVAL_REASON_SHUTDOWN: RemovalReason
 
 class ToolResult(_message.Message):
-    __slots__ = ("tool_call_id", "name", "arguments", "output")
+    __slots__ = ("tool_call_id", "name", "arguments", "output", "arguments_truncated", "output_truncated")
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     tool_call_id: str
     name: str
     arguments: str
     output: str
-    def __init__(self, tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ..., output: _Optional[str] = ...) -> None: ...
+    arguments_truncated: bool
+    output_truncated: bool
+    def __init__(self, tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ..., output: _Optional[str] = ..., arguments_truncated: _Optional[bool] = ..., output_truncated: _Optional[bool] = ...) -> None: ...
 
 class PendingEntry(_message.Message):
-    __slots__ = ("entry_id", "session_id", "origin", "kind", "payload", "create_time", "claimed_by")
+    __slots__ = ("entry_id", "session_id", "origin", "kind", "payload", "create_time", "claimed_by", "claim_time")
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +85,7 @@ class PendingEntry(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_TIME_FIELD_NUMBER: _ClassVar[int]
     entry_id: str
     session_id: str
     origin: str
@@ -62,24 +93,29 @@ class PendingEntry(_message.Message):
     payload: str
     create_time: _timestamp_pb2.Timestamp
     claimed_by: str
-    def __init__(self, entry_id: _Optional[str] = ..., session_id: _Optional[str] = ..., origin: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., payload: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claimed_by: _Optional[str] = ...) -> None: ...
+    claim_time: _timestamp_pb2.Timestamp
+    def __init__(self, entry_id: _Optional[str] = ..., session_id: _Optional[str] = ..., origin: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., payload: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claimed_by: _Optional[str] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PendingSnapshot(_message.Message):
-    __slots__ = ("session_id", "entry_id", "payload", "tool_results", "create_time")
+    __slots__ = ("session_id", "entry_id", "payload", "tool_results", "create_time", "origin", "kind")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     entry_id: str
     payload: str
     tool_results: _containers.RepeatedCompositeFieldContainer[ToolResult]
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, session_id: _Optional[str] = ..., entry_id: _Optional[str] = ..., payload: _Optional[str] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    origin: str
+    kind: EntryKind
+    def __init__(self, session_id: _Optional[str] = ..., entry_id: _Optional[str] = ..., payload: _Optional[str] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ...) -> None: ...
 
 class Question(_message.Message):
-    __slots__ = ("question_id", "task_id", "text", "revision", "ask_time", "answer", "answered_by", "answer_time", "state")
+    __slots__ = ("question_id", "task_id", "text", "revision", "ask_time", "answer", "answered_by", "answer_time", "state", "session_id", "close_time")
     QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +125,8 @@ class Question(_message.Message):
     ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
     ANSWER_TIME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_TIME_FIELD_NUMBER: _ClassVar[int]
     question_id: str
     task_id: str
     text: str
@@ -98,7 +136,9 @@ class Question(_message.Message):
     answered_by: str
     answer_time: _timestamp_pb2.Timestamp
     state: QuestionState
-    def __init__(self, question_id: _Optional[str] = ..., task_id: _Optional[str] = ..., text: _Optional[str] = ..., revision: _Optional[int] = ..., ask_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., answer: _Optional[str] = ..., answered_by: _Optional[str] = ..., answer_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[QuestionState, str]] = ...) -> None: ...
+    session_id: str
+    close_time: _timestamp_pb2.Timestamp
+    def __init__(self, question_id: _Optional[str] = ..., task_id: _Optional[str] = ..., text: _Optional[str] = ..., revision: _Optional[int] = ..., ask_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., answer: _Optional[str] = ..., answered_by: _Optional[str] = ..., answer_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[QuestionState, str]] = ..., session_id: _Optional[str] = ..., close_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class AskRequest(_message.Message):
     __slots__ = ("session_id", "kind", "payload", "tool_results")
@@ -129,10 +169,14 @@ class ListenRequest(_message.Message):
     def __init__(self, prefix: _Optional[str] = ..., listener_name: _Optional[str] = ...) -> None: ...
 
 class ListenResponse(_message.Message):
-    __slots__ = ("entry",)
+    __slots__ = ("entry", "type", "removal_reason")
     ENTRY_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    REMOVAL_REASON_FIELD_NUMBER: _ClassVar[int]
     entry: PendingEntry
-    def __init__(self, entry: _Optional[_Union[PendingEntry, _Mapping]] = ...) -> None: ...
+    type: ListenEventType
+    removal_reason: RemovalReason
+    def __init__(self, entry: _Optional[_Union[PendingEntry, _Mapping]] = ..., type: _Optional[_Union[ListenEventType, str]] = ..., removal_reason: _Optional[_Union[RemovalReason, str]] = ...) -> None: ...
 
 class PickNextRequest(_message.Message):
     __slots__ = ("prefix", "picker")
@@ -167,22 +211,26 @@ class PickNextMatchResponse(_message.Message):
     def __init__(self, entry: _Optional[_Union[PendingEntry, _Mapping]] = ...) -> None: ...
 
 class ReplyRequest(_message.Message):
-    __slots__ = ("entry_id", "answer")
+    __slots__ = ("entry_id", "answer", "picker")
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FIELD_NUMBER: _ClassVar[int]
+    PICKER_FIELD_NUMBER: _ClassVar[int]
     entry_id: str
     answer: str
-    def __init__(self, entry_id: _Optional[str] = ..., answer: _Optional[str] = ...) -> None: ...
+    picker: str
+    def __init__(self, entry_id: _Optional[str] = ..., answer: _Optional[str] = ..., picker: _Optional[str] = ...) -> None: ...
 
 class ReplyResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class HasListenerRequest(_message.Message):
-    __slots__ = ("origin",)
+    __slots__ = ("origin", "session_id")
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     origin: str
-    def __init__(self, origin: _Optional[str] = ...) -> None: ...
+    session_id: str
+    def __init__(self, origin: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class HasListenerResponse(_message.Message):
     __slots__ = ("has_listener",)
@@ -199,10 +247,12 @@ class CancelSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., cause: _Optional[str] = ...) -> None: ...
 
 class CancelSessionResponse(_message.Message):
-    __slots__ = ("deleted",)
+    __slots__ = ("deleted", "canceled_entries")
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    CANCELED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     deleted: bool
-    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+    canceled_entries: int
+    def __init__(self, deleted: _Optional[bool] = ..., canceled_entries: _Optional[int] = ...) -> None: ...
 
 class GetSessionTaskRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -217,14 +267,16 @@ class GetSessionTaskResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[PendingSnapshot, _Mapping]] = ...) -> None: ...
 
 class AskQuestionRequest(_message.Message):
-    __slots__ = ("task_id", "session_id", "text")
+    __slots__ = ("task_id", "session_id", "text", "request_id")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     session_id: str
     text: str
-    def __init__(self, task_id: _Optional[str] = ..., session_id: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, task_id: _Optional[str] = ..., session_id: _Optional[str] = ..., text: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class AskQuestionResponse(_message.Message):
     __slots__ = ("question",)
@@ -257,10 +309,12 @@ class AnswerQuestionRequest(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., question_id: _Optional[str] = ..., answer: _Optional[str] = ..., answered_by: _Optional[str] = ...) -> None: ...
 
 class AnswerQuestionResponse(_message.Message):
-    __slots__ = ("question",)
+    __slots__ = ("question", "replayed")
     QUESTION_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     question: Question
-    def __init__(self, question: _Optional[_Union[Question, _Mapping]] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, question: _Optional[_Union[Question, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class AwaitAnswerRequest(_message.Message):
     __slots__ = ("question_id",)
@@ -273,3 +327,15 @@ class AwaitAnswerResponse(_message.Message):
     QUESTION_FIELD_NUMBER: _ClassVar[int]
     question: Question
     def __init__(self, question: _Optional[_Union[Question, _Mapping]] = ...) -> None: ...
+
+class CancelQuestionsRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class CancelQuestionsResponse(_message.Message):
+    __slots__ = ("questions",)
+    QUESTIONS_FIELD_NUMBER: _ClassVar[int]
+    questions: _containers.RepeatedCompositeFieldContainer[Question]
+    def __init__(self, questions: _Optional[_Iterable[_Union[Question, _Mapping]]] = ...) -> None: ...

@@ -28,6 +28,13 @@ if _version_not_supported:
 class PendingRegistryServiceStub:
     """PendingRegistryService routes asks/confirms from producers to exactly one
     front-end, and keeps task questions and their answers durably.
+
+    Session origins are the known prefixes of a session id: "cli-", "chat-",
+    "tg-", "dc-". A session id with any other prefix is refused with
+    INVALID_ARGUMENT (reason SESSION_ORIGIN_UNKNOWN) wherever an origin matters.
+
+    One registry process owns one database: the blocking waits (Ask,
+    AwaitAnswer) and the listeners live in that process.
     """
 
     def __init__(self, channel):
@@ -96,43 +103,73 @@ class PendingRegistryServiceStub:
                 request_serializer=taskgate_dot_pending_dot_v1_dot_pending__pb2.AwaitAnswerRequest.SerializeToString,
                 response_deserializer=taskgate_dot_pending_dot_v1_dot_pending__pb2.AwaitAnswerResponse.FromString,
                 _registered_method=True)
+        self.CancelQuestions = channel.unary_unary(
+                '/taskgate.pending.v1.PendingRegistryService/CancelQuestions',
+                request_serializer=taskgate_dot_pending_dot_v1_dot_pending__pb2.CancelQuestionsRequest.SerializeToString,
+                response_deserializer=taskgate_dot_pending_dot_v1_dot_pending__pb2.CancelQuestionsResponse.FromString,
+                _registered_method=True)
 
 
 class PendingRegistryServiceServicer:
     """PendingRegistryService routes asks/confirms from producers to exactly one
     front-end, and keeps task questions and their answers durably.
+
+    Session origins are the known prefixes of a session id: "cli-", "chat-",
+    "tg-", "dc-". A session id with any other prefix is refused with
+    INVALID_ARGUMENT (reason SESSION_ORIGIN_UNKNOWN) wherever an origin matters.
+
+    One registry process owns one database: the blocking waits (Ask,
+    AwaitAnswer) and the listeners live in that process.
     """
 
     def Ask(self, request, context):
-        """Registers an entry and blocks until it is replied to. Cancelling the RPC
-        (or its deadline passing) removes the entry at once.
+        """Registers an entry durably and blocks until it is replied to.
+        Cancelling the RPC (or its deadline passing) removes the entry at once:
+        no picker can claim it afterwards and listeners get REMOVED (WITHDRAWN).
+        For origins other than "cli-" a pending snapshot of the session is stored
+        too (see GetSessionTask); it is dropped when the reply reaches the
+        producer, kept when the producer goes away without one.
+        Errors: INVALID_ARGUMENT (ids, kind, sizes, unknown origin);
+        CANCELLED with reason ASK_CANCELED when the session is cancelled by the
+        user; UNAVAILABLE (REGISTRY_SHUTTING_DOWN) when the registry stops — call
+        again. Entries do not outlive the registry process (their producers'
+        RPCs end with it); snapshots do.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Listen(self, request, context):
-        """A front-end listening for entries whose session origin matches `prefix`
+        """A front-end listening for entries whose session id starts with `prefix`
         ("" matches all). The listener counts for HasListener while connected.
+        Sends the unclaimed matching entries (AVAILABLE), then SYNCED, then every
+        later change of a matching entry (AVAILABLE, CLAIMED, REMOVED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PickNext(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Claims the oldest unclaimed entry matching `prefix`; no entry when none.
+        Each entry is claimed by exactly one picker.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PickNextMatch(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """As PickNext, restricted to some kinds and/or one session.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Reply(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Delivers the answer to the blocked producer. NOT_FOUND (ENTRY_NOT_FOUND)
+        when the entry is unknown or already gone (withdrawn, answered,
+        cancelled); PERMISSION_DENIED (ENTRY_CLAIMED_BY_OTHER) when `picker` is
+        set and another picker holds the claim.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -144,20 +181,25 @@ class PendingRegistryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelSession(self, request, context):
-        """Cancels a session's pending work; only cause "user_canceled" deletes it.
+        """Cancels a session's pending work; only cause "user_canceled" deletes its
+        entries (their producers get CANCELLED, reason ASK_CANCELED) and its
+        pending snapshot. "paused" and any other cause keep both.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetSessionTask(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The session's pending snapshot; NOT_FOUND (PENDING_TASK_NOT_FOUND) when none.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AskQuestion(self, request, context):
         """Task questions (worker -> human).
+        Creates the task's next question (revision + 1); the open one, if any,
+        becomes REPLACED. Idempotent per (task_id, request_id) when request_id is set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,13 +212,28 @@ class PendingRegistryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AnswerQuestion(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Stores the answer to the task's open question durably, then wakes the
+        waiters. Same answer again: OK (replayed = true). Errors:
+        INVALID_ARGUMENT (malformed ids, empty or oversized answer);
+        NOT_FOUND (QUESTION_NOT_FOUND); PERMISSION_DENIED with
+        QUESTION_ALREADY_ANSWERED (a different answer) or QUESTION_STALE
+        (replaced, cancelled, or a question of another task).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AwaitAnswer(self, request, context):
-        """Blocks until the question has an answer (returns at once if it has one).
+        """Blocks until the question is no longer OPEN and returns it (answered,
+        replaced or cancelled); returns at once when it already is. Safe to call
+        again after a reconnect: the stored answer is returned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelQuestions(self, request, context):
+        """Marks the task's open question CANCELLED (the task ended); waiters wake.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -245,6 +302,11 @@ def add_PendingRegistryServiceServicer_to_server(servicer, server):
                     request_deserializer=taskgate_dot_pending_dot_v1_dot_pending__pb2.AwaitAnswerRequest.FromString,
                     response_serializer=taskgate_dot_pending_dot_v1_dot_pending__pb2.AwaitAnswerResponse.SerializeToString,
             ),
+            'CancelQuestions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelQuestions,
+                    request_deserializer=taskgate_dot_pending_dot_v1_dot_pending__pb2.CancelQuestionsRequest.FromString,
+                    response_serializer=taskgate_dot_pending_dot_v1_dot_pending__pb2.CancelQuestionsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'taskgate.pending.v1.PendingRegistryService', rpc_method_handlers)
@@ -256,6 +318,13 @@ def add_PendingRegistryServiceServicer_to_server(servicer, server):
 class PendingRegistryService:
     """PendingRegistryService routes asks/confirms from producers to exactly one
     front-end, and keeps task questions and their answers durably.
+
+    Session origins are the known prefixes of a session id: "cli-", "chat-",
+    "tg-", "dc-". A session id with any other prefix is refused with
+    INVALID_ARGUMENT (reason SESSION_ORIGIN_UNKNOWN) wherever an origin matters.
+
+    One registry process owns one database: the blocking waits (Ask,
+    AwaitAnswer) and the listeners live in that process.
     """
 
     @staticmethod
@@ -572,6 +641,33 @@ class PendingRegistryService:
             '/taskgate.pending.v1.PendingRegistryService/AwaitAnswer',
             taskgate_dot_pending_dot_v1_dot_pending__pb2.AwaitAnswerRequest.SerializeToString,
             taskgate_dot_pending_dot_v1_dot_pending__pb2.AwaitAnswerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelQuestions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.pending.v1.PendingRegistryService/CancelQuestions',
+            taskgate_dot_pending_dot_v1_dot_pending__pb2.CancelQuestionsRequest.SerializeToString,
+            taskgate_dot_pending_dot_v1_dot_pending__pb2.CancelQuestionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

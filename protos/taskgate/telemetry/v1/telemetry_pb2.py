@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%taskgate/telemetry/v1/telemetry.proto\x12\x15taskgate.telemetry.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"2\n\x0fProcessIdentity\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x12\n\nstart_time\x18\x02 \x01(\x03\"\x8e\x03\n\x14\x45xecutionObservation\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\x0cobserve_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tavailable\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0e\x63pu_user_ticks\x18\x05 \x01(\x03\x12\x18\n\x10\x63pu_system_ticks\x18\x06 \x01(\x03\x12\x15\n\rio_read_count\x18\x07 \x01(\x03\x12\x16\n\x0eio_write_count\x18\x08 \x01(\x03\x12\x15\n\rio_read_bytes\x18\t \x01(\x03\x12\x16\n\x0eio_write_bytes\x18\n \x01(\x03\x12\x39\n\tprocesses\x18\x0b \x03(\x0b\x32&.taskgate.telemetry.v1.ProcessIdentity\x12\x36\n\x12last_activity_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65nded\x18\r \x01(\x08\"D\n\x0cWatchRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x16\n\x0epid_start_time\x18\x03 \x01(\x03\"\x0f\n\rWatchResponse\"!\n\x0eUnwatchRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\x11\n\x0fUnwatchResponse\"\x14\n\x12ListWatchesRequest\"K\n\x13ListWatchesResponse\x12\x34\n\x07watches\x18\x01 \x03(\x0b\x32#.taskgate.telemetry.v1.WatchRequest\"\x1b\n\x19StreamObservationsRequest\"^\n\x1aStreamObservationsResponse\x12@\n\x0bobservation\x18\x01 \x01(\x0b\x32+.taskgate.telemetry.v1.ExecutionObservation2\xa8\x03\n\x15TelemetryAgentService\x12R\n\x05Watch\x12#.taskgate.telemetry.v1.WatchRequest\x1a$.taskgate.telemetry.v1.WatchResponse\x12X\n\x07Unwatch\x12%.taskgate.telemetry.v1.UnwatchRequest\x1a&.taskgate.telemetry.v1.UnwatchResponse\x12\x64\n\x0bListWatches\x12).taskgate.telemetry.v1.ListWatchesRequest\x1a*.taskgate.telemetry.v1.ListWatchesResponse\x12{\n\x12StreamObservations\x12\x30.taskgate.telemetry.v1.StreamObservationsRequest\x1a\x31.taskgate.telemetry.v1.StreamObservationsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%taskgate/telemetry/v1/telemetry.proto\x12\x15taskgate.telemetry.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"2\n\x0fProcessIdentity\x12\x0b\n\x03pid\x18\x01 \x01(\x05\x12\x12\n\nstart_time\x18\x02 \x01(\x03\"\xeb\x04\n\x14\x45xecutionObservation\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\x0cobserve_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tavailable\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x1b\n\x0e\x63pu_user_ticks\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x1d\n\x10\x63pu_system_ticks\x18\x06 \x01(\x03H\x01\x88\x01\x01\x12\x1a\n\rio_read_count\x18\x07 \x01(\x03H\x02\x88\x01\x01\x12\x1b\n\x0eio_write_count\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x1a\n\rio_read_bytes\x18\t \x01(\x03H\x04\x88\x01\x01\x12\x1b\n\x0eio_write_bytes\x18\n \x01(\x03H\x05\x88\x01\x01\x12\x39\n\tprocesses\x18\x0b \x03(\x0b\x32&.taskgate.telemetry.v1.ProcessIdentity\x12\x36\n\x12last_activity_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65nded\x18\r \x01(\x08\x12\x15\n\rreason_detail\x18\x0e \x01(\t\x12\x34\n\x04root\x18\x0f \x01(\x0b\x32&.taskgate.telemetry.v1.ProcessIdentityB\x11\n\x0f_cpu_user_ticksB\x13\n\x11_cpu_system_ticksB\x10\n\x0e_io_read_countB\x11\n\x0f_io_write_countB\x10\n\x0e_io_read_bytesB\x11\n\x0f_io_write_bytes\"D\n\x0cWatchRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x16\n\x0epid_start_time\x18\x03 \x01(\x03\"\x0f\n\rWatchResponse\"!\n\x0eUnwatchRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\x11\n\x0fUnwatchResponse\"t\n\x0bWatchedTree\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12\x16\n\x0epid_start_time\x18\x03 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\";\n\x12ListWatchesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"c\n\x13ListWatchesResponse\x12\x33\n\x07watches\x18\x01 \x03(\x0b\x32\".taskgate.telemetry.v1.WatchedTree\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"3\n\x19StreamObservationsRequest\x12\x16\n\x0einclude_latest\x18\x01 \x01(\x08\"^\n\x1aStreamObservationsResponse\x12@\n\x0bobservation\x18\x01 \x01(\x0b\x32+.taskgate.telemetry.v1.ExecutionObservation2\xa8\x03\n\x15TelemetryAgentService\x12R\n\x05Watch\x12#.taskgate.telemetry.v1.WatchRequest\x1a$.taskgate.telemetry.v1.WatchResponse\x12X\n\x07Unwatch\x12%.taskgate.telemetry.v1.UnwatchRequest\x1a&.taskgate.telemetry.v1.UnwatchResponse\x12\x64\n\x0bListWatches\x12).taskgate.telemetry.v1.ListWatchesRequest\x1a*.taskgate.telemetry.v1.ListWatchesResponse\x12{\n\x12StreamObservations\x12\x30.taskgate.telemetry.v1.StreamObservationsRequest\x1a\x31.taskgate.telemetry.v1.StreamObservationsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,23 +35,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROCESSIDENTITY']._serialized_start=97
   _globals['_PROCESSIDENTITY']._serialized_end=147
   _globals['_EXECUTIONOBSERVATION']._serialized_start=150
-  _globals['_EXECUTIONOBSERVATION']._serialized_end=548
-  _globals['_WATCHREQUEST']._serialized_start=550
-  _globals['_WATCHREQUEST']._serialized_end=618
-  _globals['_WATCHRESPONSE']._serialized_start=620
-  _globals['_WATCHRESPONSE']._serialized_end=635
-  _globals['_UNWATCHREQUEST']._serialized_start=637
-  _globals['_UNWATCHREQUEST']._serialized_end=670
-  _globals['_UNWATCHRESPONSE']._serialized_start=672
-  _globals['_UNWATCHRESPONSE']._serialized_end=689
-  _globals['_LISTWATCHESREQUEST']._serialized_start=691
-  _globals['_LISTWATCHESREQUEST']._serialized_end=711
-  _globals['_LISTWATCHESRESPONSE']._serialized_start=713
-  _globals['_LISTWATCHESRESPONSE']._serialized_end=788
-  _globals['_STREAMOBSERVATIONSREQUEST']._serialized_start=790
-  _globals['_STREAMOBSERVATIONSREQUEST']._serialized_end=817
-  _globals['_STREAMOBSERVATIONSRESPONSE']._serialized_start=819
-  _globals['_STREAMOBSERVATIONSRESPONSE']._serialized_end=913
-  _globals['_TELEMETRYAGENTSERVICE']._serialized_start=916
-  _globals['_TELEMETRYAGENTSERVICE']._serialized_end=1340
+  _globals['_EXECUTIONOBSERVATION']._serialized_end=769
+  _globals['_WATCHREQUEST']._serialized_start=771
+  _globals['_WATCHREQUEST']._serialized_end=839
+  _globals['_WATCHRESPONSE']._serialized_start=841
+  _globals['_WATCHRESPONSE']._serialized_end=856
+  _globals['_UNWATCHREQUEST']._serialized_start=858
+  _globals['_UNWATCHREQUEST']._serialized_end=891
+  _globals['_UNWATCHRESPONSE']._serialized_start=893
+  _globals['_UNWATCHRESPONSE']._serialized_end=910
+  _globals['_WATCHEDTREE']._serialized_start=912
+  _globals['_WATCHEDTREE']._serialized_end=1028
+  _globals['_LISTWATCHESREQUEST']._serialized_start=1030
+  _globals['_LISTWATCHESREQUEST']._serialized_end=1089
+  _globals['_LISTWATCHESRESPONSE']._serialized_start=1091
+  _globals['_LISTWATCHESRESPONSE']._serialized_end=1190
+  _globals['_STREAMOBSERVATIONSREQUEST']._serialized_start=1192
+  _globals['_STREAMOBSERVATIONSREQUEST']._serialized_end=1243
+  _globals['_STREAMOBSERVATIONSRESPONSE']._serialized_start=1245
+  _globals['_STREAMOBSERVATIONSRESPONSE']._serialized_end=1339
+  _globals['_TELEMETRYAGENTSERVICE']._serialized_start=1342
+  _globals['_TELEMETRYAGENTSERVICE']._serialized_end=1766
 # @@protoc_insertion_point(module_scope)

@@ -27,8 +27,9 @@ if _version_not_supported:
 
 class TelemetryAgentServiceStub:
     """TelemetryAgentService samples the process trees of watched tasks on one
-    worker host. It keeps no database: the watch list lives in memory and the
-    scheduler re-registers it after an agent restart.
+    worker host. It keeps no database: the watch list lives in memory, so after
+    an agent restart ListWatches is empty and the scheduler re-registers its
+    watches (and reconnects its stream).
     """
 
     def __init__(self, channel):
@@ -61,18 +62,25 @@ class TelemetryAgentServiceStub:
 
 class TelemetryAgentServiceServicer:
     """TelemetryAgentService samples the process trees of watched tasks on one
-    worker host. It keeps no database: the watch list lives in memory and the
-    scheduler re-registers it after an agent restart.
+    worker host. It keeps no database: the watch list lives in memory, so after
+    an agent restart ListWatches is empty and the scheduler re-registers its
+    watches (and reconnects its stream).
     """
 
     def Watch(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Registers (or, for a new root identity, replaces) the watch of one task.
+        Idempotent: the same (task_id, pid, pid_start_time) again is a no-op.
+        A root whose start time differs from pid_start_time is another process:
+        the watch is accepted and ends at once with an observation that says
+        available=false, reason IDENTITY_MISMATCH, ended=true.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Unwatch(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Forgets a watch; unknown task ids are fine (idempotent).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -84,8 +92,11 @@ class TelemetryAgentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamObservations(self, request, context):
-        """One observation per watched task every observation interval, and at once
-        when a watched tree ends.
+        """One observation per watched task every observation interval, one right
+        after a watch is registered (the baseline sample), and one at once when a
+        watched tree ends (ended=true; the watch is then dropped). Any number of
+        subscribers; one that falls too far behind is ended with
+        RESOURCE_EXHAUSTED (reason SUBSCRIBER_TOO_SLOW) and may reconnect.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -124,8 +135,9 @@ def add_TelemetryAgentServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class TelemetryAgentService:
     """TelemetryAgentService samples the process trees of watched tasks on one
-    worker host. It keeps no database: the watch list lives in memory and the
-    scheduler re-registers it after an agent restart.
+    worker host. It keeps no database: the watch list lives in memory, so after
+    an agent restart ListWatches is empty and the scheduler re-registers its
+    watches (and reconnects its stream).
     """
 
     @staticmethod
