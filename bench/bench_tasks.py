@@ -101,9 +101,10 @@ async def main() -> None:
                 waiter_ids.update(launch_ids)
                 await wait_states(channel, waiter_ids, {pb.TASK_STATE_RUNNING}, 120)
                 launch_s = time.perf_counter() - began
-                for task_id in launch_ids:
-                    await http.post(f"{base}/tasks/{task_id}/cancel")
-                await wait_states(channel, waiter_ids, {pb.TASK_STATE_CANCELLED}, 120)
+                cancelled = asyncio.create_task(wait_states(channel, waiter_ids, {pb.TASK_STATE_CANCELLED}, 120))
+                await asyncio.sleep(0.1)  # let the watch subscribe
+                await asyncio.gather(*(http.post(f"{base}/tasks/{task_id}/cancel") for task_id in launch_ids))
+                await cancelled
                 began = time.perf_counter()
                 procs = [
                     await asyncio.create_subprocess_exec("sleep", "300", start_new_session=True)
