@@ -13,6 +13,7 @@ from libs.settings import SettingsError, load_settings
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
+from services.scheduler.telemetry import TelemetryClient
 from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -26,7 +27,16 @@ async def main() -> None:
     db = Database(settings.db_url("scheduler"), MIGRATIONS)
     applied = await asyncio.to_thread(db.migrate)
     log.info("database_ready", url=db.engine.url.render_as_string(hide_password=True), migrations_applied=applied)
-    engine = Engine(settings, SchedulerStore(db))
+    telemetry = TelemetryClient(settings.telemetry_addr)
+    engine = Engine(settings, SchedulerStore(db), telemetry=telemetry)
+
+    async def started() -> None:
+        telemetry.start(engine.record_observation)
+        await engine.start()
+
+    async def stopping() -> None:
+        await engine.shutdown()
+        await telemetry.close()
 
     def register(server: object) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
@@ -41,8 +51,8 @@ async def main() -> None:
             addr=settings.scheduler_addr,
             registrars=[register],
             service_names=names,
-            on_started=engine.start,
-            on_stopping=engine.shutdown,
+            on_started=started,
+            on_stopping=stopping,
         )
     finally:
         db.close()

@@ -112,6 +112,24 @@ def task_to_pb(
             activity.last_tool.CopyFrom(tool_to_pb(task.last_tool))
         recent = task.recent_tools[-5:] if preview_chars else task.recent_tools
         activity.recent_tools.extend(tool_to_pb(t) for t in recent)
+    if task.execution is not None:
+        e = task.execution
+        msg.execution.CopyFrom(
+            pb.Execution(
+                available=e.available,
+                reason=e.reason or "",
+                observe_time=ts(e.observed_at),
+                last_activity_time=ts(e.last_activity_at),
+                historical=task.terminal,
+                cpu_user_ticks=e.cpu_user_ticks,
+                cpu_system_ticks=e.cpu_system_ticks,
+                io_read_count=e.io_read_count,
+                io_write_count=e.io_write_count,
+                io_read_bytes=e.io_read_bytes,
+                io_write_bytes=e.io_write_bytes,
+                processes=[pb.ProcessIdentity(pid=p.pid, start_time=p.start_time) for p in e.processes],
+            )
+        )
     if task.inspection is not None:
         msg.inspection.CopyFrom(pb.Inspection(reason=task.inspection.reason, since_time=ts(task.inspection.since)))
     if task.cancellation is not None:

@@ -184,6 +184,27 @@ class Attempt(BaseModel):
     descendants: list[ProcessIdentity] = Field(default_factory=list)
 
 
+class Execution(BaseModel):
+    """The latest telemetry observation of the task's process tree.
+
+    ``observed_at`` is when it was sampled; ``last_activity_at`` is when a CPU or
+    I/O counter last moved. They are kept apart: sampling is not activity, and
+    activity is not progress.
+    """
+
+    available: bool
+    reason: str | None = None
+    observed_at: int
+    last_activity_at: int | None = None
+    cpu_user_ticks: int = 0
+    cpu_system_ticks: int = 0
+    io_read_count: int = 0
+    io_write_count: int = 0
+    io_read_bytes: int = 0
+    io_write_bytes: int = 0
+    processes: list[ProcessIdentity] = Field(default_factory=list)
+
+
 class RestartResume(BaseModel):
     count: int
     revision: int
@@ -227,7 +248,7 @@ class Task(BaseModel):
     result: Result | None = None
     result_reported_at: int | None = None
     observed_paths: list[str] = Field(default_factory=list)
-    execution: dict[str, object] | None = None
+    execution: Execution | None = None
     restart_resume: RestartResume | None = None
     pending_outcome: PendingOutcome | None = None
 
@@ -362,6 +383,22 @@ def last_activity(task: Task) -> int | None:
     ]
     values = [v for v in candidates if v is not None]
     return max(values) if values else None
+
+
+def apply_observation(task: Task, observation: Execution) -> bool:
+    """Keep the latest observation on a live task; CPU/IO movement counts as activity.
+
+    Returns False when the task is finished (its last observation stays historical).
+    """
+    if task.terminal:
+        return False
+    task.execution = observation
+    moved = observation.last_activity_at
+    if moved is not None and (task.last_activity_at is None or moved > task.last_activity_at):
+        task.last_activity_at = moved
+        if task.inspection is not None and moved > task.inspection.since:
+            task.inspection = None
+    return True
 
 
 def supervise(task: Task, attempt: Attempt, settings: TaskSettings, now: int, uses_sdk: bool) -> Supervision:

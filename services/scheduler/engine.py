@@ -673,6 +673,21 @@ class Engine:
         task, stored = await self.store.update_task(task_id, change, "task.execution", now)
         self._published(stored, task)
 
+    # --- telemetry -----------------------------------------------------------
+
+    async def record_observation(self, task_id: str, observation: domain.Execution) -> None:
+        """Keep the latest observation; CPU/IO movement counts as activity, never as progress."""
+
+        def change(t: Task) -> Task | None:
+            return t if domain.apply_observation(t, observation) else None
+
+        try:
+            task, _ = await self.store.update_task(task_id, change, None, observation.observed_at)
+        except domain.TaskNotFound:
+            return
+        if not task.terminal:  # a finished task's last observation stays as it was
+            self.hub.publish("task.execution", observation.observed_at, task)
+
     # --- worker reports ------------------------------------------------------
 
     def authenticate(self, token: str) -> LiveAttempt:
