@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway_http import errors
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import health, tasks
+from gateway_http.routes import health, sessions, tasks
 from gateway_http.store import GatewayStore
 from libs.settings import Settings
 
@@ -38,5 +38,6 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
     app.include_router(health.router)
     app.include_router(tasks.router)
+    app.include_router(sessions.router)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
     return app

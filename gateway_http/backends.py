@@ -10,6 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.grpc_client import aio_channel
 from libs.settings import Settings
+from taskgate.pending.v1 import pending_pb2_grpc
 from taskgate.scheduler.v1 import scheduler_pb2_grpc
 
 BACKEND_NAMES = ("scheduler", "pending", "telemetry", "notifier")
@@ -19,6 +20,7 @@ BACKEND_NAMES = ("scheduler", "pending", "telemetry", "notifier")
 class Backends:
     channels: dict[str, grpc.aio.Channel]
     scheduler: scheduler_pb2_grpc.SchedulerServiceStub
+    pending: pending_pb2_grpc.PendingRegistryServiceStub
     timeout_s: float
 
     @classmethod
@@ -27,6 +29,7 @@ class Backends:
         return cls(
             channels=channels,
             scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels["scheduler"]),
+            pending=pending_pb2_grpc.PendingRegistryServiceStub(channels["pending"]),
             timeout_s=settings.rpc_timeout_ms / 1000,
         )
 

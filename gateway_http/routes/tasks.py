@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,6 +14,7 @@ from gateway_http.backends import Backends
 from gateway_http.convert import task_json
 from gateway_http.errors import ApiError
 from libs.ids import UUID_HEX_PATTERN
+from taskgate.pending.v1 import pending_pb2 as pending_pb
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 router = APIRouter(prefix="/api/v1/agents/{agentId}/sessions/{sessionId}", tags=["tasks"])
@@ -31,6 +33,12 @@ class CreateTaskBody(BaseModel):
 class CancelBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     replacedByTaskId: str | None = Field(default=None, max_length=32)
+
+
+class AnswerBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    questionId: str = Field(max_length=64)
+    answer: str = Field(max_length=65536)
 
 
 class TaskEnvelope(BaseModel):
@@ -171,3 +179,28 @@ async def retry_cleanup(request: Request, caller: SessionCaller, taskId: str) ->
         pb.RetryCleanupRequest(task_id=taskId), timeout=backends.timeout_s + 30, metadata=_metadata(request)
     )
     return {"task": task_json(reply.task)}
+
+
+@router.post("/tasks/{taskId}/answer", response_model=TaskEnvelope)
+async def answer_question(request: Request, caller: SessionCaller, taskId: str, body: AnswerBody) -> dict[str, Any]:
+    """Store the answer durably; the task runs again once its worker has it."""
+    caller.require_tool("task_answer")
+    if not UUID_HEX_PATTERN.match(body.questionId):
+        raise ApiError(400, "INVALID_ID", "questionId must be 32 lowercase hex characters")
+    if not body.answer.strip():
+        raise ApiError(400, "EMPTY_ANSWER", "answer must not be empty")
+    await owned_task(request, caller, taskId)
+    backends = _backends(request)
+    try:
+        await backends.pending.AnswerQuestion(
+            pending_pb.AnswerQuestionRequest(
+                task_id=taskId, question_id=body.questionId, answer=body.answer, answered_by=caller.key.principal
+            ),
+            timeout=backends.timeout_s,
+            metadata=_metadata(request),
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            raise ApiError(403, "QUESTION_STALE", "no such question for this task") from exc
+        raise
+    return {"task": task_json(await owned_task(request, caller, taskId))}

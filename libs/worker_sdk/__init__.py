@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -123,20 +124,39 @@ class Worker:
             pb.ReportResultRequest(text=text, unresolved_background=unresolved_background),
         )
 
+    def ask(self, text: str, poll_s: float = 25.0) -> str:
+        """Ask the task's humans a question and block until the answer arrives.
+
+        The task shows ``waiting_input`` meanwhile. Survives restarts of the
+        pending-registry and the scheduler (calls are retried until they answer);
+        a resumed worker asking the same question gets the answer saved while it
+        was down.
+        """
+        asked = self._call(self._stub.AskQuestion, pb.AskQuestionRequest(text=text), patient=True)
+        wait = Duration()
+        wait.FromMilliseconds(int(poll_s * 1000))
+        request = pb.AwaitAnswerRequest(question_id=asked.question_id, max_wait=wait)
+        while True:
+            reply = self._call(self._stub.AwaitAnswer, request, timeout_s=poll_s + 10, patient=True)
+            if reply.answered:
+                return str(reply.answer)
+
     def close(self) -> None:
         self._channel.close()
 
-    def _call(self, method: Callable[..., T], request: Any) -> T:
+    def _call(self, method: Callable[..., T], request: Any, timeout_s: float | None = None, patient: bool = False) -> T:
+        """One report; UNAVAILABLE/DEADLINE_EXCEEDED are retried (forever when ``patient``)."""
         delay = 0.2
-        for attempt in range(self._retries + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                return method(request, metadata=self._metadata, timeout=self._timeout_s)
+                return method(request, metadata=self._metadata, timeout=timeout_s or self._timeout_s)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
-                if code in _RETRYABLE and attempt < self._retries:
+                if code in _RETRYABLE and (patient or attempt <= self._retries):
                     time.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+                    delay = min(delay * 2, 2.0)
                     continue
                 details = exc.details() if hasattr(exc, "details") else str(exc)
                 raise WorkerError(f"{code.name if code else 'ERROR'}: {details}") from exc
-        raise AssertionError("unreachable")

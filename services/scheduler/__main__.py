@@ -11,6 +11,7 @@ from libs.grpc_server import serve
 from libs.log import configure_logging, get_logger
 from libs.settings import SettingsError, load_settings
 from services.scheduler.engine import Engine
+from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
 from services.scheduler.telemetry import TelemetryClient
@@ -28,7 +29,8 @@ async def main() -> None:
     applied = await asyncio.to_thread(db.migrate)
     log.info("database_ready", url=db.engine.url.render_as_string(hide_password=True), migrations_applied=applied)
     telemetry = TelemetryClient(settings.telemetry_addr)
-    engine = Engine(settings, SchedulerStore(db), telemetry=telemetry)
+    questions = QuestionsClient(settings.pending_addr)
+    engine = Engine(settings, SchedulerStore(db), telemetry=telemetry, questions=questions)
 
     async def started() -> None:
         telemetry.start(engine.record_observation)
@@ -37,6 +39,7 @@ async def main() -> None:
     async def stopping() -> None:
         await engine.shutdown()
         await telemetry.close()
+        await questions.close()
 
     def register(server: object) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)

@@ -121,14 +121,24 @@ def task_to_pb(
                 observe_time=ts(e.observed_at),
                 last_activity_time=ts(e.last_activity_at),
                 historical=task.terminal,
-                cpu_user_ticks=e.cpu_user_ticks,
-                cpu_system_ticks=e.cpu_system_ticks,
-                io_read_count=e.io_read_count,
-                io_write_count=e.io_write_count,
-                io_read_bytes=e.io_read_bytes,
-                io_write_bytes=e.io_write_bytes,
                 processes=[pb.ProcessIdentity(pid=p.pid, start_time=p.start_time) for p in e.processes],
             )
+        )
+        for name in (
+            "cpu_user_ticks",
+            "cpu_system_ticks",
+            "io_read_count",
+            "io_write_count",
+            "io_read_bytes",
+            "io_write_bytes",
+        ):
+            value = getattr(e, name)
+            if value is not None:
+                setattr(msg.execution, name, value)
+    if task.pending_question is not None and not task.terminal:
+        q = task.pending_question
+        msg.pending_question.CopyFrom(
+            pb.PendingQuestion(question_id=q.question_id, text=text(q.text), revision=q.revision)
         )
     if task.inspection is not None:
         msg.inspection.CopyFrom(pb.Inspection(reason=task.inspection.reason, since_time=ts(task.inspection.since)))

@@ -22,6 +22,7 @@ MAX_INSTRUCTIONS_BYTES = 64 * 1024
 MAX_PROGRESS_CHARS = 4000
 MAX_RESULT_BYTES = 256 * 1024
 MAX_TOOL_NAME_CHARS = 200
+MAX_QUESTION_BYTES = 64 * 1024
 MAX_PATH_CHARS = 4096
 DEFAULT_PROFILE = "default-worker"
 DEFAULT_PAGE_SIZE = 10
@@ -184,6 +185,12 @@ class Attempt(BaseModel):
     descendants: list[ProcessIdentity] = Field(default_factory=list)
 
 
+class PendingQuestion(BaseModel):
+    question_id: str
+    text: str
+    revision: int
+
+
 class Execution(BaseModel):
     """The latest telemetry observation of the task's process tree.
 
@@ -196,12 +203,12 @@ class Execution(BaseModel):
     reason: str | None = None
     observed_at: int
     last_activity_at: int | None = None
-    cpu_user_ticks: int = 0
-    cpu_system_ticks: int = 0
-    io_read_count: int = 0
-    io_write_count: int = 0
-    io_read_bytes: int = 0
-    io_write_bytes: int = 0
+    cpu_user_ticks: int | None = None
+    cpu_system_ticks: int | None = None
+    io_read_count: int | None = None
+    io_write_count: int | None = None
+    io_read_bytes: int | None = None
+    io_write_bytes: int | None = None
     processes: list[ProcessIdentity] = Field(default_factory=list)
 
 
@@ -250,6 +257,7 @@ class Task(BaseModel):
     observed_paths: list[str] = Field(default_factory=list)
     execution: Execution | None = None
     restart_resume: RestartResume | None = None
+    pending_question: PendingQuestion | None = None
     pending_outcome: PendingOutcome | None = None
 
     @property

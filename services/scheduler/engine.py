@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -68,6 +68,16 @@ class TelemetryHook(Protocol):
     def unwatch(self, task_id: str) -> None: ...
 
 
+class QuestionsPort(Protocol):
+    """The pending-registry as the engine needs it (see ``questions.QuestionsClient``)."""
+
+    async def ask(self, task_id: str, session_id: str, text: str, request_id: str) -> Any: ...
+
+    async def await_answer(self, question_id: str, wait_s: float) -> Any | None: ...
+
+    async def cancel_open(self, task_id: str) -> None: ...
+
+
 class NoTelemetry:
     def watch(self, task_id: str, pid: int, start_time: int) -> None:
         pass
@@ -107,6 +117,7 @@ class Engine:
         store: SchedulerStore,
         clock: Clock | None = None,
         telemetry: TelemetryHook | None = None,
+        questions: QuestionsPort | None = None,
         boot_id: str | None = None,
         table_reader: Callable[[], dict[int, proctree.ProcStat]] = proctree.process_table,
     ) -> None:
@@ -115,6 +126,7 @@ class Engine:
         self.store = store
         self.clock = clock or SystemClock()
         self.telemetry = telemetry or NoTelemetry()
+        self.questions = questions
         self.boot_id = boot_id or uuid.uuid4().hex
         self.hub = EventHub()
         self._table_reader = table_reader
@@ -164,8 +176,16 @@ class Engine:
     def _published(self, stored: StoredEvent | None, task: Task, event_type: str | None = None) -> None:
         if stored is not None:
             self.hub.publish(stored.type, stored.at, task)
+            if task.terminal and stored.type == "task.state_changed":
+                self._close_questions(task)
         elif event_type is not None:
             self.hub.publish(event_type, self.clock.now_ms(), task)
+
+    def _close_questions(self, task: Task) -> None:
+        """A finished task's open question is closed, unless the cancel only paused the task."""
+        paused = task.cancellation is not None and task.cancellation.cause != USER_CANCELED
+        if self.questions is not None and not (task.state == State.CANCELLED and paused):
+            self._spawn(self.questions.cancel_open(task.task_id), f"close-questions-{task.task_id}")
 
     async def watch(self, accepts: Callable[[Task], bool], initial: list[Task]) -> AsyncIterator[TaskEvent]:
         """Current snapshots first, then each event after commit."""
@@ -781,6 +801,68 @@ class Engine:
             t.last_activity_at = now
 
         await self._report(token, "task.progress", apply)
+
+    # --- questions -----------------------------------------------------------
+
+    async def ask_question(self, token: str, text: str) -> domain.PendingQuestion:
+        """Relay a worker's question; the task waits for input until the worker has the answer."""
+        if not text.strip() or len(text.encode()) > domain.MAX_QUESTION_BYTES:
+            raise domain.InvalidArgument("INVALID_QUESTION", "a question is 1 byte to 64 KiB of text", field="text")
+        if self.questions is None:
+            raise errors.Unavailable("PENDING_REGISTRY_UNAVAILABLE", "no pending-registry is configured")
+        live = self.authenticate(token)
+        task = await self.store.get_task(live.attempt.task_id)
+        if task.state not in (State.RUNNING, State.WAITING_INPUT):
+            raise domain.InvalidTransition("TASK_NOT_RUNNING", f"the task is {task.state}; question refused")
+        if task.pending_question is not None and task.pending_question.text == text:
+            return task.pending_question  # the same question again, e.g. from a resumed attempt
+        request_id = f"{live.attempt.attempt_id}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
+        question = await self.questions.ask(task.task_id, task.session_id, text, request_id)
+        pending = domain.PendingQuestion(question_id=question.question_id, text=text, revision=question.revision)
+        now = self.clock.now_ms()
+
+        def change(t: Task) -> Task:
+            if t.state not in (State.RUNNING, State.WAITING_INPUT):
+                raise domain.InvalidTransition("TASK_NOT_RUNNING", f"the task is {t.state}; question refused")
+            t.state = State.WAITING_INPUT
+            t.pending_question = pending
+            t.inspection = None
+            t.last_activity_at = now
+            t.updated_at = now
+            return t
+
+        task, stored = await self.store.update_task(task.task_id, change, "task.question", now)
+        self._published(stored, task)
+        return pending
+
+    async def await_answer(self, token: str, question_id: str, wait_s: float) -> str | None:
+        """The answer once saved (the task then runs again), or None when ``wait_s`` passed."""
+        if self.questions is None:
+            raise errors.Unavailable("PENDING_REGISTRY_UNAVAILABLE", "no pending-registry is configured")
+        live = self.authenticate(token)
+        task = await self.store.get_task(live.attempt.task_id)
+        if task.pending_question is None or task.pending_question.question_id != question_id:
+            raise domain.WorkerDenied("QUESTION_STALE", "this is not the task's current question")
+        question = await self.questions.await_answer(question_id, wait_s)
+        if question is None:
+            return None
+        if not question.answer:
+            raise domain.InvalidTransition("QUESTION_CLOSED", "the question was closed without an answer")
+        now = self.clock.now_ms()
+
+        def change(t: Task) -> Task | None:
+            if t.pending_question is None or t.pending_question.question_id != question_id:
+                return None
+            t.pending_question = None
+            t.last_activity_at = now
+            t.updated_at = now
+            if t.state == State.WAITING_INPUT:
+                t.state = State.RUNNING
+            return t
+
+        task, stored = await self.store.update_task(task.task_id, change, "task.state_changed", now)
+        self._published(stored, task)
+        return str(question.answer)
 
     # --- recovery ------------------------------------------------------------
 

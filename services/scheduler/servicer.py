@@ -9,6 +9,7 @@ import grpc
 from services.scheduler import convert, domain
 from services.scheduler.domain import TERMINAL, NewTask, Task
 from services.scheduler.engine import USER_CANCELED, Engine
+from services.scheduler.questions import max_wait_s
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -167,3 +168,16 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
     ) -> pb.ReportResultResponse:
         await self.engine.report_result(self._token(context), request.text, request.unresolved_background)
         return pb.ReportResultResponse()
+
+    async def AskQuestion(
+        self, request: pb.AskQuestionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AskQuestionResponse:
+        question = await self.engine.ask_question(self._token(context), request.text)
+        return pb.AskQuestionResponse(question_id=question.question_id, revision=question.revision)
+
+    async def AwaitAnswer(
+        self, request: pb.AwaitAnswerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AwaitAnswerResponse:
+        wait_s = max_wait_s(request.max_wait)
+        answer = await self.engine.await_answer(self._token(context), request.question_id, wait_s)
+        return pb.AwaitAnswerResponse(answered=answer is not None, answer=answer or "")

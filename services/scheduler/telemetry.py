@@ -26,19 +26,19 @@ RPC_TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 5.0
 
 
+FIGURES = ("cpu_user_ticks", "cpu_system_ticks", "io_read_count", "io_write_count", "io_read_bytes", "io_write_bytes")
+
+
 def observation_from_pb(o: pb.ExecutionObservation) -> Execution:
+    reason = o.reason + (f": {o.reason_detail}" if o.reason_detail else "") if o.reason else None
     return Execution(
         available=o.available,
-        reason=o.reason or None,
+        reason=reason,
         observed_at=o.observe_time.ToMilliseconds(),
         last_activity_at=o.last_activity_time.ToMilliseconds() if o.HasField("last_activity_time") else None,
-        cpu_user_ticks=o.cpu_user_ticks,
-        cpu_system_ticks=o.cpu_system_ticks,
-        io_read_count=o.io_read_count,
-        io_write_count=o.io_write_count,
-        io_read_bytes=o.io_read_bytes,
-        io_write_bytes=o.io_write_bytes,
         processes=[ProcessIdentity(pid=p.pid, start_time=p.start_time) for p in o.processes],
+        # Unset figures (telemetry unavailable) stay unset: nothing is guessed.
+        **{name: getattr(o, name) for name in FIGURES if o.HasField(name)},
     )
 
 
@@ -98,7 +98,7 @@ class TelemetryClient:
     async def _consume(self) -> None:
         backoff = 0.2
         while True:
-            stream = self._stub.StreamObservations(pb.StreamObservationsRequest())
+            stream = self._stub.StreamObservations(pb.StreamObservationsRequest(batch=True))
             try:
                 await stream.initial_metadata()
                 # Subscribed: (re-)register every live tree; an agent restart forgot them.
@@ -108,9 +108,14 @@ class TelemetryClient:
                 log.info("telemetry_connected", watches=len(self._watches))
                 backoff = 0.2
                 async for response in stream:
-                    observation = response.observation
-                    if observation.task_id in self._watches and self.sink is not None:
-                        await self.sink(observation.task_id, observation_from_pb(observation))
+                    for observation in response.observations:
+                        # Only the current attempt's tree: a late observation of an earlier one is dropped.
+                        if self._watches.get(observation.task_id) == (
+                            observation.root.pid,
+                            observation.root.start_time,
+                        ):
+                            if self.sink is not None:
+                                await self.sink(observation.task_id, observation_from_pb(observation))
             except grpc.aio.AioRpcError as exc:
                 if self.connected.is_set():
                     log.warning("telemetry_stream_lost", code=exc.code().name)

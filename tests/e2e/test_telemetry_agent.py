@@ -10,10 +10,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from taskgate.telemetry.v1 import telemetry_pb2 as pb
-from taskgate.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
 
 from libs import proctree
+from taskgate.telemetry.v1 import telemetry_pb2 as pb
+from taskgate.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
 from tests.support.procs import ServiceProcess, free_port
 
 pytestmark = pytest.mark.e2e

@@ -213,3 +213,15 @@ def test_elapsed_counts_from_first_start_and_freezes_at_the_end() -> None:
     task.ended_at = T0 + 3000
     assert task.elapsed_ms(T0 + 99999) == 3000
     assert make_task(first_started_at=None).elapsed_ms(T0) == 0
+
+
+def test_observations_move_activity_and_clear_inspection_but_never_progress() -> None:
+    task = make_task(inspection=domain.Inspection(reason="idle", since=T0 + 100))
+    quiet = domain.Execution(available=True, observed_at=T0 + 200, last_activity_at=T0 + 50, cpu_user_ticks=3)
+    assert domain.apply_observation(task, quiet)
+    assert task.execution == quiet and task.last_activity_at == T0 + 50 and task.inspection is not None
+    busy = domain.Execution(available=True, observed_at=T0 + 400, last_activity_at=T0 + 400, cpu_user_ticks=9)
+    assert domain.apply_observation(task, busy)
+    assert task.last_activity_at == T0 + 400 and task.inspection is None and task.progress is None
+    finished = make_task(State.COMPLETED)
+    assert not domain.apply_observation(finished, busy) and finished.execution is None

@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -179,12 +180,14 @@ class ListenResponse(_message.Message):
     def __init__(self, entry: _Optional[_Union[PendingEntry, _Mapping]] = ..., type: _Optional[_Union[ListenEventType, str]] = ..., removal_reason: _Optional[_Union[RemovalReason, str]] = ...) -> None: ...
 
 class PickNextRequest(_message.Message):
-    __slots__ = ("prefix", "picker")
+    __slots__ = ("prefix", "picker", "max_wait")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     PICKER_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
     prefix: str
     picker: str
-    def __init__(self, prefix: _Optional[str] = ..., picker: _Optional[str] = ...) -> None: ...
+    max_wait: _duration_pb2.Duration
+    def __init__(self, prefix: _Optional[str] = ..., picker: _Optional[str] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PickNextResponse(_message.Message):
     __slots__ = ("entry",)
@@ -193,16 +196,18 @@ class PickNextResponse(_message.Message):
     def __init__(self, entry: _Optional[_Union[PendingEntry, _Mapping]] = ...) -> None: ...
 
 class PickNextMatchRequest(_message.Message):
-    __slots__ = ("prefix", "picker", "kinds", "session_id")
+    __slots__ = ("prefix", "picker", "kinds", "session_id", "max_wait")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     PICKER_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
     prefix: str
     picker: str
     kinds: _containers.RepeatedScalarFieldContainer[EntryKind]
     session_id: str
-    def __init__(self, prefix: _Optional[str] = ..., picker: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[EntryKind, str]]] = ..., session_id: _Optional[str] = ...) -> None: ...
+    max_wait: _duration_pb2.Duration
+    def __init__(self, prefix: _Optional[str] = ..., picker: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[EntryKind, str]]] = ..., session_id: _Optional[str] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class PickNextMatchResponse(_message.Message):
     __slots__ = ("entry",)

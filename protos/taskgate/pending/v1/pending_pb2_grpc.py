@@ -143,15 +143,19 @@ class PendingRegistryServiceServicer:
         """A front-end listening for entries whose session id starts with `prefix`
         ("" matches all). The listener counts for HasListener while connected.
         Sends the unclaimed matching entries (AVAILABLE), then SYNCED, then every
-        later change of a matching entry (AVAILABLE, CLAIMED, REMOVED).
+        later change of a matching entry (AVAILABLE, CLAIMED, REMOVED). An entry
+        handed straight to a picker waiting in PickNext is only seen as CLAIMED.
+        A listener that falls 4096 events behind is ended with RESOURCE_EXHAUSTED
+        (LISTENER_OVERFLOW); it may listen again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PickNext(self, request, context):
-        """Claims the oldest unclaimed entry matching `prefix`; no entry when none.
-        Each entry is claimed by exactly one picker.
+        """Claims the oldest unclaimed entry matching `prefix`; no entry when none
+        (after `max_wait`, when set). Each entry is claimed by exactly one picker;
+        the claim is kept until the reply or the entry's removal.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

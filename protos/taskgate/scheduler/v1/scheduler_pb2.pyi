@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -495,3 +496,33 @@ class ReportResultRequest(_message.Message):
 class ReportResultResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AskQuestionRequest(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class AskQuestionResponse(_message.Message):
+    __slots__ = ("question_id", "revision")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    question_id: str
+    revision: int
+    def __init__(self, question_id: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class AwaitAnswerRequest(_message.Message):
+    __slots__ = ("question_id", "max_wait")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
+    question_id: str
+    max_wait: _duration_pb2.Duration
+    def __init__(self, question_id: _Optional[str] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class AwaitAnswerResponse(_message.Message):
+    __slots__ = ("answered", "answer")
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    answered: bool
+    answer: str
+    def __init__(self, answered: _Optional[bool] = ..., answer: _Optional[str] = ...) -> None: ...

@@ -362,6 +362,16 @@ class WorkerServiceStub:
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportResultRequest.SerializeToString,
                 response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportResultResponse.FromString,
                 _registered_method=True)
+        self.AskQuestion = channel.unary_unary(
+                '/taskgate.scheduler.v1.WorkerService/AskQuestion',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AskQuestionRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AskQuestionResponse.FromString,
+                _registered_method=True)
+        self.AwaitAnswer = channel.unary_unary(
+                '/taskgate.scheduler.v1.WorkerService/AwaitAnswer',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -405,6 +415,22 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AskQuestion(self, request, context):
+        """Asks the task's humans a question: the task goes waiting_input. Asking the
+        open question's text again (e.g. after a restart) returns that question.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AwaitAnswer(self, request, context):
+        """Long poll for the answer to the task's current question: returns with
+        answered=false after `max_wait` so the worker calls again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -437,6 +463,16 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.ReportResult,
                     request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportResultRequest.FromString,
                     response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportResultResponse.SerializeToString,
+            ),
+            'AskQuestion': grpc.unary_unary_rpc_method_handler(
+                    servicer.AskQuestion,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AskQuestionRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AskQuestionResponse.SerializeToString,
+            ),
+            'AwaitAnswer': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitAnswer,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -603,6 +639,60 @@ class WorkerService:
             '/taskgate.scheduler.v1.WorkerService/ReportResult',
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportResultRequest.SerializeToString,
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportResultResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskQuestion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.WorkerService/AskQuestion',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AskQuestionRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AskQuestionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitAnswer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.WorkerService/AwaitAnswer',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -104,13 +104,17 @@ class ListWatchesResponse(_message.Message):
     def __init__(self, watches: _Optional[_Iterable[_Union[WatchedTree, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StreamObservationsRequest(_message.Message):
-    __slots__ = ("include_latest",)
+    __slots__ = ("include_latest", "batch")
     INCLUDE_LATEST_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     include_latest: bool
-    def __init__(self, include_latest: _Optional[bool] = ...) -> None: ...
+    batch: bool
+    def __init__(self, include_latest: _Optional[bool] = ..., batch: _Optional[bool] = ...) -> None: ...
 
 class StreamObservationsResponse(_message.Message):
-    __slots__ = ("observation",)
+    __slots__ = ("observation", "observations")
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     observation: ExecutionObservation
-    def __init__(self, observation: _Optional[_Union[ExecutionObservation, _Mapping]] = ...) -> None: ...
+    observations: _containers.RepeatedCompositeFieldContainer[ExecutionObservation]
+    def __init__(self, observation: _Optional[_Union[ExecutionObservation, _Mapping]] = ..., observations: _Optional[_Iterable[_Union[ExecutionObservation, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,42 @@
+"""python -m services.telemetry_agent"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import grpc
+
+from libs.grpc_server import serve
+from libs.log import configure_logging
+from libs.settings import SettingsError, load_settings
+from services.telemetry_agent.agent import Agent
+from services.telemetry_agent.procread import ProcfsReader
+from services.telemetry_agent.sampler import Sampler
+from services.telemetry_agent.servicer import SERVICE_NAME, TelemetryAgentServicer
+from taskgate.telemetry.v1 import telemetry_pb2_grpc
+
+
+async def main() -> None:
+    try:
+        settings = load_settings(os.environ)
+    except SettingsError as exc:
+        sys.exit(f"telemetry-agent: {exc}")
+    configure_logging("telemetry-agent", settings.log_level, settings.log_format)
+    agent = Agent(Sampler(ProcfsReader()), settings.tasks.observation_interval_ms / 1000)
+
+    def register(server: grpc.aio.Server) -> None:
+        telemetry_pb2_grpc.add_TelemetryAgentServiceServicer_to_server(TelemetryAgentServicer(agent), server)
+
+    await serve(
+        addr=settings.telemetry_addr,
+        registrars=[register],
+        service_names=[SERVICE_NAME],
+        on_started=agent.start,
+        on_stopping=agent.stop,
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
