@@ -160,6 +160,16 @@ def task_json(t: pb.Task) -> dict[str, Any]:
     if t.HasField("pending_question"):
         q = t.pending_question
         out["pendingQuestion"] = {"questionId": q.question_id, "text": q.text, "revision": q.revision}
+    if t.HasField("restart_resume"):
+        r = t.restart_resume
+        out["restartResume"] = _prune(
+            {
+                "count": r.count,
+                "revision": r.revision,
+                "pending": r.pending,
+                "lastProgress": r.last_progress or None,
+            }
+        )
     if t.harness:
         out["harness"] = t.harness
     if t.harness_model:

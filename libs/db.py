@@ -105,6 +105,17 @@ def migrate(engine: Engine, migrations: Sequence[Migration]) -> list[int]:
     return applied_now
 
 
+def lock_key(session: Session, key: str) -> None:
+    """Serialize transactions on ``key`` until this one ends.
+
+    PostgreSQL: a transaction-scoped advisory lock (rows that do not exist yet
+    cannot be locked with FOR UPDATE). SQLite: every write transaction already
+    holds the database lock (BEGIN IMMEDIATE), so nothing to do.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.exec(text("SELECT pg_advisory_xact_lock(hashtext(:key))").bindparams(key=key))  # type: ignore[call-overload]
+
+
 class Database:
     """An engine plus the executor its blocking calls run on."""
 

@@ -49,3 +49,13 @@ class ResourceExhausted(DomainError):
 
 class Unavailable(DomainError):
     kind = "unavailable"
+
+
+class Cancelled(DomainError):
+    """The operation was cancelled on purpose (e.g. the user cancelled the session)."""
+
+    kind = "cancelled"
+
+
+class Aborted(DomainError):
+    kind = "aborted"

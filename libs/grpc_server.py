@@ -41,6 +41,8 @@ _KIND_TO_CODE = {
     "already_exists": grpc.StatusCode.ALREADY_EXISTS,
     "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "unavailable": grpc.StatusCode.UNAVAILABLE,
+    "cancelled": grpc.StatusCode.CANCELLED,
+    "aborted": grpc.StatusCode.ABORTED,
     "internal": grpc.StatusCode.INTERNAL,
 }
 

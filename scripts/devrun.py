@@ -88,7 +88,7 @@ def main() -> int:
                     "  .venv/bin/taskgate admin keys create --principal me --agent agent-1\n"
                     "  .venv/bin/taskgate admin members add --agent agent-1 --session cli-1 --principal me\n"
                     "  curl -H 'Authorization: Bearer <key>' -H 'Content-Type: application/json' \\\n"
-                    f"       -d '{{\"title\":\"hello\"}}' {url}/api/v1/agents/agent-1/sessions/cli-1/tasks\n",
+                    f'       -d \'{{"title":"hello"}}\' {url}/api/v1/agents/agent-1/sessions/cli-1/tasks\n',
                     flush=True,
                 )
             elif time.monotonic() > deadline:

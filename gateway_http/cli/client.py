@@ -51,5 +51,9 @@ class RestClient:
     def retry_cleanup(self, task_id: str) -> dict[str, Any]:
         return self._call("POST", f"/tasks/{task_id}/retry-cleanup")["task"]  # type: ignore[no-any-return]
 
+    def answer(self, task_id: str, question_id: str, answer: str) -> dict[str, Any]:
+        body = {"questionId": question_id, "answer": answer}
+        return self._call("POST", f"/tasks/{task_id}/answer", json=body)["task"]  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self._http.close()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from gateway_http.cli import pending
 from gateway_http.cli.client import ApiFailure, RestClient
 from gateway_http.cli.tables import render_table
 from gateway_http.store import MIGRATIONS, GatewayStore
@@ -269,6 +270,18 @@ def cmd_tasks_create(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_tasks_answer(args: argparse.Namespace, out: TextIO) -> int:
+    task = _client(args).answer(args.task_id, args.question, args.answer)
+    question = task.get("pendingQuestion")
+    waiting = f" (still waiting for the worker to take it: question {question['questionId']})" if question else ""
+    print(f"{task['taskId']}: answer saved; task is {task['state']}{waiting}", file=out)
+    return 0
+
+
+def cmd_pending_listen(args: argparse.Namespace, out: TextIO) -> int:
+    return pending.listen(args.prefix, args.addr, out, input)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="taskgate", description="taskgate operator and task CLI")
     top = parser.add_subparsers(dest="group", required=True)
@@ -331,11 +344,22 @@ def build_parser() -> argparse.ArgumentParser:
     retry = tsub.add_parser("retry-cleanup", help="try again to prove a cancelled task's processes are gone")
     retry.add_argument("task_id")
     retry.set_defaults(fn=cmd_tasks_retry_cleanup)
+    answer = tsub.add_parser("answer", help="answer the task's current question")
+    answer.add_argument("task_id")
+    answer.add_argument("--question", required=True, help="the questionId shown in pendingQuestion")
+    answer.add_argument("answer")
+    answer.set_defaults(fn=cmd_tasks_answer)
     new = tsub.add_parser("create", help="create a task")
     new.add_argument("--title", required=True)
     new.add_argument("--instructions", default="")
     new.add_argument("--profile")
     new.set_defaults(fn=cmd_tasks_create)
+    pend = top.add_parser("pending", help="pending asks and confirms (a front-end over gRPC)")
+    psub = pend.add_subparsers(dest="action", required=True)
+    plisten = psub.add_parser("listen", help="show entries as they come and answer them")
+    plisten.add_argument("--prefix", default="cli-", help="session-origin prefix: cli-, chat-, tg-, dc- or ''")
+    plisten.add_argument("--addr", help="pending-registry address (TASKGATE_PENDING_ADDR)")
+    plisten.set_defaults(fn=cmd_pending_listen)
     return parser
 
 

@@ -140,6 +140,11 @@ def task_to_pb(
         msg.pending_question.CopyFrom(
             pb.PendingQuestion(question_id=q.question_id, text=text(q.text), revision=q.revision)
         )
+    if task.restart_resume is not None:
+        r = task.restart_resume
+        msg.restart_resume.CopyFrom(
+            pb.RestartResume(count=r.count, revision=r.revision, pending=r.pending, last_progress=r.last_progress or "")
+        )
     if task.inspection is not None:
         msg.inspection.CopyFrom(pb.Inspection(reason=task.inspection.reason, since_time=ts(task.inspection.since)))
     if task.cancellation is not None:

@@ -25,7 +25,7 @@ from services.pending_registry.domain import AnswerAttempt, EntryKind, NewAsk, N
 from services.pending_registry.registry import PendingRegistry
 from taskgate.pending.v1 import pending_pb2 as pb
 from taskgate.pending.v1 import pending_pb2_grpc as pb_grpc
-from tests.support.postgres import fresh_database, postgres_url  # noqa: F401 - fixture
+from tests.support.postgres import fresh_database
 from tests.support.procs import ServiceProcess, free_port
 
 pytestmark = pytest.mark.e2e
@@ -34,9 +34,10 @@ R = TypeVar("R")
 RPC_TIMEOUT = 10.0
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """"" for the default SQLite file under the data dir, else a fresh PostgreSQL database."""
+    """ "" for the default SQLite file under the data dir, else a fresh PostgreSQL database
+    (``postgres_url`` comes from tests/conftest.py)."""
     if request.param == "sqlite":
         return ""
     cluster: str = request.getfixturevalue("postgres_url")
@@ -101,11 +102,14 @@ def test_answers_survive_sigkill_and_restart(registry: Registry) -> None:
     task, waiting_task = uuid.uuid4().hex, uuid.uuid4().hex
     answered = call(stub.AskQuestion, pb.AskQuestionRequest(task_id=task, session_id="chat-1", text="branch?"))
     q = answered.question
-    call(stub.AnswerQuestion, pb.AnswerQuestionRequest(
-        task_id=task, question_id=q.question_id, answer="main", answered_by="alice"))
+    call(
+        stub.AnswerQuestion,
+        pb.AnswerQuestionRequest(task_id=task, question_id=q.question_id, answer="main", answered_by="alice"),
+    )
     # A worker blocked on another question while the registry dies.
-    open_q = call(stub.AskQuestion, pb.AskQuestionRequest(
-        task_id=waiting_task, session_id="tg-1", text="deploy?")).question
+    open_q = call(
+        stub.AskQuestion, pb.AskQuestionRequest(task_id=waiting_task, session_id="tg-1", text="deploy?")
+    ).question
     blocked = stub.AwaitAnswer.future(pb.AwaitAnswerRequest(question_id=open_q.question_id), timeout=30)
     call(stub.GetQuestion, pb.GetQuestionRequest(question_id=open_q.question_id))
     assert not blocked.done()
@@ -119,8 +123,7 @@ def test_answers_survive_sigkill_and_restart(registry: Registry) -> None:
     # The stored answer is there for a caller that just calls again.
     got = call(stub.AwaitAnswer, pb.AwaitAnswerRequest(question_id=q.question_id)).question
     assert (got.state, got.answer, got.answered_by) == (pb.QUESTION_STATE_ANSWERED, "main", "alice")
-    again = call(stub.AnswerQuestion, pb.AnswerQuestionRequest(
-        task_id=task, question_id=q.question_id, answer="main"))
+    again = call(stub.AnswerQuestion, pb.AnswerQuestionRequest(task_id=task, question_id=q.question_id, answer="main"))
     assert again.replayed
     with pytest.raises(grpc.RpcError) as exc:
         call(stub.AnswerQuestion, pb.AnswerQuestionRequest(task_id=task, question_id=q.question_id, answer="dev"))
@@ -128,12 +131,15 @@ def test_answers_survive_sigkill_and_restart(registry: Registry) -> None:
     assert reason(exc.value) == "QUESTION_ALREADY_ANSWERED"
 
     # The worker that was waiting reconnects, waits again, and gets the answer given after the restart.
-    rewait = stub.AwaitAnswer.future(pb.AwaitAnswerRequest(question_id=open_q.question_id), timeout=30,
-                                     wait_for_ready=True)
+    rewait = stub.AwaitAnswer.future(
+        pb.AwaitAnswerRequest(question_id=open_q.question_id), timeout=30, wait_for_ready=True
+    )
     still_open = call(stub.GetQuestion, pb.GetQuestionRequest(question_id=open_q.question_id)).question
     assert still_open.state == pb.QUESTION_STATE_OPEN and still_open.revision == 1
-    call(stub.AnswerQuestion, pb.AnswerQuestionRequest(
-        task_id=waiting_task, question_id=open_q.question_id, answer="yes"))
+    call(
+        stub.AnswerQuestion,
+        pb.AnswerQuestionRequest(task_id=waiting_task, question_id=open_q.question_id, answer="yes"),
+    )
     assert rewait.result(timeout=RPC_TIMEOUT).question.answer == "yes"
     # Revisions continue across the restart.
     nxt = call(stub.AskQuestion, pb.AskQuestionRequest(task_id=waiting_task, session_id="tg-1", text="next?"))
@@ -142,11 +148,15 @@ def test_answers_survive_sigkill_and_restart(registry: Registry) -> None:
 
 def test_pending_snapshot_survives_restart(registry: Registry) -> None:
     stub = registry.stub
-    tools = [pb.ToolResult(tool_call_id="c1", name="read", arguments="€" * 400, output="ü" * 3000),
-             pb.ToolResult(tool_call_id="c2", name="ls", arguments="{}", output="README.md")]
-    producer = stub.Ask.future(pb.AskRequest(
-        session_id="tg-chat7", kind=pb.ENTRY_KIND_ASK, payload="which environment?", tool_results=tools),
-        timeout=60, wait_for_ready=True)
+    tools = [
+        pb.ToolResult(tool_call_id="c1", name="read", arguments="€" * 400, output="ü" * 3000),
+        pb.ToolResult(tool_call_id="c2", name="ls", arguments="{}", output="README.md"),
+    ]
+    producer = stub.Ask.future(
+        pb.AskRequest(session_id="tg-chat7", kind=pb.ENTRY_KIND_ASK, payload="which environment?", tool_results=tools),
+        timeout=60,
+        wait_for_ready=True,
+    )
 
     snapshots: list[pb.PendingSnapshot] = []
 
@@ -184,8 +194,9 @@ def test_pending_snapshot_survives_restart(registry: Registry) -> None:
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_sigterm_releases_blocked_callers_and_exits(registry: Registry) -> None:
     stub = registry.stub
-    producer = stub.Ask.future(pb.AskRequest(session_id="cli-1", kind=pb.ENTRY_KIND_CONFIRM, payload="ok?"),
-                               timeout=60, wait_for_ready=True)
+    producer = stub.Ask.future(
+        pb.AskRequest(session_id="cli-1", kind=pb.ENTRY_KIND_CONFIRM, payload="ok?"), timeout=60, wait_for_ready=True
+    )
     wait_for(lambda: _has_entry(registry), "the entry")
     started = time.monotonic()
     assert registry.proc.stop(signal.SIGTERM, timeout_s=15) == 0
@@ -220,8 +231,10 @@ async def _store_under_concurrency(url: str) -> None:
     entries, questions = registry.entries, registry.questions
     try:
         # Many producers, many pickers: one claimer per entry; every answer reaches its producer.
-        producers = [asyncio.ensure_future(entries.ask(NewAsk(
-            f"{['tg-', 'dc-', 'chat-'][i % 3]}s{i}", EntryKind.ASK, str(i)))) for i in range(90)]
+        producers = [
+            asyncio.ensure_future(entries.ask(NewAsk(f"{['tg-', 'dc-', 'chat-'][i % 3]}s{i}", EntryKind.ASK, str(i))))
+            for i in range(90)
+        ]
         deadline = time.monotonic() + 20
         while entries.live_count < 90:
             assert time.monotonic() < deadline
@@ -233,8 +246,9 @@ async def _store_under_concurrency(url: str) -> None:
                 claims[entry.entry_id].append(name)
                 entries.reply(entry.entry_id, name, picker=name)
 
-        await asyncio.wait_for(asyncio.gather(*(picker(f"p{i}", ["", "tg-", "dc-", "chat-"][i % 4])
-                                                for i in range(16))), 30)
+        await asyncio.wait_for(
+            asyncio.gather(*(picker(f"p{i}", ["", "tg-", "dc-", "chat-"][i % 4]) for i in range(16))), 30
+        )
         answers = await asyncio.wait_for(asyncio.gather(*producers), 30)
         assert len(claims) == 90 and all(len(v) == 1 for v in claims.values())
         assert all(claims[entry_id] == [name] for entry_id, name in answers)
@@ -250,9 +264,13 @@ async def _store_under_concurrency(url: str) -> None:
 
         # Concurrent different answers: exactly one is stored, the rest are denied or replays.
         rng = random.Random(3)
-        outcomes = await asyncio.gather(*(
-            questions.answer(AnswerAttempt(task, latest.question_id, f"a{rng.randrange(3)}", None))
-            for _ in range(15)), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(
+                questions.answer(AnswerAttempt(task, latest.question_id, f"a{rng.randrange(3)}", None))
+                for _ in range(15)
+            ),
+            return_exceptions=True,
+        )
         stored = (await questions.get(latest.question_id)).answer
         fresh = [o for o in outcomes if isinstance(o, tuple) and not o[1]]
         assert len(fresh) == 1 and fresh[0][0].answer == stored

@@ -42,8 +42,8 @@ def find_pg_bin() -> Path | None:
     if configured:
         return Path(configured) if (Path(configured) / "initdb").exists() else None
     candidates = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name)
-        if Path(p).parent.name.isdigit() else 0,
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
     )
     for candidate in reversed(candidates):
         if (Path(candidate) / "initdb").exists():
@@ -89,14 +89,27 @@ def start_postgres(tmpdir: Path | str) -> tuple[str, Callable[[], None]]:
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
 
-    run([str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "-A", "trust", "-E", "UTF8",
-         "--no-sync", "--no-instructions", "--locale=C"])
+    run(
+        [
+            str(bin_dir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            PG_USER,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+            "--locale=C",
+        ]
+    )
     options = (
         f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
         " -c full_page_writes=off -c max_connections=200"
     )
-    run([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log_path), "-o", options, "-w", "-t", "60",
-         "start"])
+    run([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log_path), "-o", options, "-w", "-t", "60", "start"])
     stopped = False
 
     def stop() -> None:

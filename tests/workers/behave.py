@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from libs.worker_sdk import Worker
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 
 def main() -> int:
@@ -52,6 +53,9 @@ def main() -> int:
             end = time.monotonic() + arg
             while time.monotonic() < end:
                 pass
+        elif action == "ask_nowait":
+            # Registers a question without waiting for it (tests of replaced questions).
+            w._call(w._stub.AskQuestion, pb.AskQuestionRequest(text=arg), patient=True)
         elif action == "ask":
             answer = w.ask(arg)
             w.progress(f"answer: {answer}")

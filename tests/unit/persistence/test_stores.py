@@ -37,8 +37,18 @@ def scheduler_db(db_url: str) -> Iterator[Database]:
 
 
 def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000, **kw: object) -> Task:
-    return Task(task_id=task_id, agent_id="a", session_id="s", title="t", instructions="i", profile="p",
-                state=state, created_at=created_at, updated_at=created_at, **kw)  # type: ignore[arg-type]
+    return Task(
+        task_id=task_id,
+        agent_id="a",
+        session_id="s",
+        title="t",
+        instructions="i",
+        profile="p",
+        state=state,
+        created_at=created_at,
+        updated_at=created_at,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_migrations_are_applied_once(db_url: str) -> None:
@@ -93,8 +103,9 @@ async def test_a_transition_appends_an_event_and_an_invalid_one_writes_nothing(s
 
     await store.update_task("1" * 32, lambda t: t.model_copy(update={"state": State.COMPLETED}), None, 3000)
     with pytest.raises(InvalidTransition):
-        await store.update_task("1" * 32, lambda t: t.model_copy(update={"state": State.RUNNING, "title": "x"}),
-                                "task.state_changed", 4000)
+        await store.update_task(
+            "1" * 32, lambda t: t.model_copy(update={"state": State.RUNNING, "title": "x"}), "task.state_changed", 4000
+        )
     stored = await store.get_task("1" * 32)
     assert stored.state == State.COMPLETED and stored.title == "t"
     with scheduler_db.engine.connect() as conn:
@@ -125,11 +136,29 @@ async def test_attempts_are_found_by_token_hash(scheduler_db: Database) -> None:
 
 
 async def test_a_row_written_by_an_older_version_still_reads(scheduler_db: Database) -> None:
-    old_doc = {"task_id": "9" * 32, "agent_id": "a", "session_id": "s", "title": "old", "instructions": "",
-               "profile": "default-worker", "state": "failed", "created_at": 1, "updated_at": 2}
+    old_doc = {
+        "task_id": "9" * 32,
+        "agent_id": "a",
+        "session_id": "s",
+        "title": "old",
+        "instructions": "",
+        "profile": "default-worker",
+        "state": "failed",
+        "created_at": 1,
+        "updated_at": 2,
+    }
     with scheduler_db.session() as s, s.begin():
-        s.add(TaskRow(task_id="9" * 32, agent_id="a", session_id="s", state="failed", created_at=1,
-                      updated_at=2, doc=json.dumps(old_doc)))
+        s.add(
+            TaskRow(
+                task_id="9" * 32,
+                agent_id="a",
+                session_id="s",
+                state="failed",
+                created_at=1,
+                updated_at=2,
+                doc=json.dumps(old_doc),
+            )
+        )
     task = await SchedulerStore(scheduler_db).get_task("9" * 32)
     assert task.title == "old" and task.recent_tools == [] and task.restart_resume is None
 
@@ -162,8 +191,15 @@ async def test_notifications_enqueue_once_per_request_id(db_url: str) -> None:
     db.migrate()
     try:
         store = NotifierStore(db)
-        n = Notification(notification_id="1" * 32, agent_id="a", session_id="s", kind=Kind.TASK_REPORT,
-                         body="done", created_at=1, request_id="task-1-report")
+        n = Notification(
+            notification_id="1" * 32,
+            agent_id="a",
+            session_id="s",
+            kind=Kind.TASK_REPORT,
+            body="done",
+            created_at=1,
+            request_id="task-1-report",
+        )
         await store.enqueue(n)
         again = await store.enqueue(n.model_copy(update={"notification_id": "2" * 32}))
         assert again.notification_id == "1" * 32

@@ -1,0 +1,1 @@
+"""pending-registry: routes asks/confirms to exactly one front-end; keeps task questions and answers."""
