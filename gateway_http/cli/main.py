@@ -213,9 +213,17 @@ def cmd_tasks_show(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _watch_digest(task: dict[str, Any]) -> str:
-    """What counts as a change for ``watch``: everything but the ticking clock."""
-    return json.dumps({k: v for k, v in task.items() if k not in ("timing",)}, sort_keys=True)
+def _watch_line(task: dict[str, Any]) -> str:
+    """What ``watch`` shows of a task; a poll prints only when this changes."""
+    line = f"{task['state']:<20} {(task.get('progress') or {}).get('text', '')}"
+    last_tool = (task.get("activity") or {}).get("lastTool")
+    if last_tool:
+        line += f"  [{last_tool['name']} {last_tool['status']}]"
+    if task.get("pendingQuestion"):
+        line += f"  question {task['pendingQuestion']['questionId']}: {task['pendingQuestion']['text']}"
+    if task.get("inspection"):
+        line += f"  inspection: {task['inspection']['reason']}"
+    return line
 
 
 def cmd_tasks_watch(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], None] = time.sleep) -> int:
@@ -225,13 +233,10 @@ def cmd_tasks_watch(args: argparse.Namespace, out: TextIO, sleep: Callable[[floa
         while True:
             if args.task_id:
                 task = client.get_task(args.task_id)
-                digest = _watch_digest(task)
-                if digest != previous:
-                    progress = (task.get("progress") or {}).get("text", "")
-                    print(
-                        f"[{datetime.now().strftime('%H:%M:%S')}] {task['state']:<20} {progress}", file=out, flush=True
-                    )
-                    previous = digest
+                line = _watch_line(task)
+                if line != previous:
+                    print(f"[{datetime.now().strftime('%H:%M:%S')}] {line}", file=out, flush=True)
+                    previous = line
                 if task["state"] in TERMINAL:
                     if task.get("failure"):
                         print(f"  failure: {task['failure']['code']}: {task['failure']['message']}", file=out)
@@ -239,7 +244,7 @@ def cmd_tasks_watch(args: argparse.Namespace, out: TextIO, sleep: Callable[[floa
             else:
                 body = client.list_tasks(args.page, 10, args.all)
                 rendered = render_table(TASK_HEADERS, _task_rows(body["tasks"]), max_width=48)
-                digest = json.dumps([_watch_digest(t) for t in body["tasks"]])
+                digest = json.dumps([_watch_line(t) for t in body["tasks"]])
                 if digest != previous:
                     print(f"[{datetime.now().strftime('%H:%M:%S')}]\n{rendered}", file=out, flush=True)
                     previous = digest

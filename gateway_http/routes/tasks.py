@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_http.auth import SessionCaller
@@ -140,6 +142,41 @@ async def list_tasks(request: Request, caller: SessionCaller) -> dict[str, Any]:
         "total": reply.total,
         "tasks": [task_json(t) for t in reply.tasks],
     }
+
+
+EVENT_NAMES = {
+    pb.TASK_EVENT_TYPE_SNAPSHOT: "task.snapshot",
+    pb.TASK_EVENT_TYPE_STATE_CHANGED: "task.state_changed",
+    pb.TASK_EVENT_TYPE_PROGRESS: "task.progress",
+    pb.TASK_EVENT_TYPE_TOOL: "task.tool",
+    pb.TASK_EVENT_TYPE_EXECUTION: "task.execution",
+    pb.TASK_EVENT_TYPE_QUESTION: "task.question",
+}
+
+
+@router.get("/tasks/events", response_class=EventSourceResponse)
+async def task_events(request: Request, caller: SessionCaller) -> AsyncIterator[ServerSentEvent]:
+    """Server-Sent Events: the session's active tasks first, then every task event after commit.
+
+    Each frame's ``data`` is ``{"task": snapshot}``; ``event`` names the event. A client
+    that reads too slowly falls behind the scheduler's bounded buffer and is
+    disconnected; on reconnect it starts again from fresh snapshots.
+    """
+    stream = _backends(request).scheduler.WatchTasks(
+        pb.WatchTasksRequest(agent_id=caller.agent_id, session_id=caller.session_id), metadata=_metadata(request)
+    )
+    try:
+        async for event in stream:
+            yield ServerSentEvent(
+                event=EVENT_NAMES.get(event.type, "task.event"),
+                id=str(event.sequence),
+                data={"task": task_json(event.task)},
+            )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.CANCELLED:
+            yield ServerSentEvent(event="error", data={"error": exc.code().name, "message": exc.details() or ""})
+    finally:
+        stream.cancel()
 
 
 @router.get("/tasks/{taskId}", response_model=TaskEnvelope)

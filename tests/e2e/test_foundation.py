@@ -124,3 +124,25 @@ def test_pagination_rules(stack: Stack, api: Api) -> None:
         response = pages_api.request("GET", f"/tasks?{query}")
         assert response.status_code == 400, query
         assert response.json()["error"] == "INVALID_PAGINATION"
+
+
+def test_task_events_stream_over_sse(api: Api) -> None:
+    seen: list[tuple[str, str]] = []
+    with httpx.stream(
+        "GET", api.base + "/tasks/events", headers={"Authorization": f"Bearer {api.key}"}, timeout=30
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        task_id = api.create("streamed", profile="exit-at-once")["taskId"]
+        event = ""
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                event = line[len("event: ") :]
+            elif line.startswith("data: "):
+                task = json.loads(line[len("data: ") :])["task"]
+                if task["taskId"] == task_id:
+                    seen.append((event, task["state"]))
+                    if task["state"] == "completed":
+                        break
+    assert ("task.state_changed", "running") in seen and seen[-1] == ("task.state_changed", "completed")
+    assert httpx.get(api.base + "/tasks/events", timeout=10).status_code == 401

@@ -182,3 +182,60 @@ def test_pending_listen_claims_and_answers_entries(stack: Stack) -> None:
 
 
 pytestmark = pytest.mark.e2e
+
+
+def _question_state(stack: Stack, question_id: str) -> int:
+    with grpc.insecure_channel(stack.addr("pending")) as channel:
+        stub = ppb_grpc.PendingRegistryServiceStub(channel)
+        return stub.GetQuestion(ppb.GetQuestionRequest(question_id=question_id), timeout=10).question.state
+
+
+def _wait_question_state(stack: Stack, question_id: str, state: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 15
+    while _question_state(stack, question_id) != state:
+        assert time.monotonic() < deadline, "the question did not reach the expected state"
+        time.sleep(0.05)
+
+
+def test_pause_keeps_the_question_and_user_cancel_closes_it(stack: Stack, api: Api) -> None:
+    from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+
+    paused = asking(api, "keep me?", title="paused")
+    cancelled = asking(api, "drop me?", title="user-cancelled")
+    with grpc.insecure_channel(stack.addr("scheduler")) as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)
+        stub.CancelTask(pb.CancelTaskRequest(task_id=paused["taskId"], cause="paused"), timeout=30)
+    api.request("POST", f"/tasks/{cancelled['taskId']}/cancel")
+    assert api.wait_state(paused["taskId"], "cancelled")["cancellation"]["cause"] == "paused"
+    assert api.wait_state(cancelled["taskId"], "cancelled")["cancellation"]["cause"] == "user_canceled"
+    _wait_question_state(stack, cancelled["pendingQuestion"]["questionId"], ppb.QUESTION_STATE_CANCELLED)
+    assert _question_state(stack, paused["pendingQuestion"]["questionId"]) == ppb.QUESTION_STATE_OPEN
+
+
+def test_cli_watch_prints_only_changes_until_the_task_ends(stack: Stack, api: Api) -> None:
+    steps = [{"progress": "one"}, {"sleep": 0.6}, {"progress": "two"}, {"sleep": 0.6}, {"result": {"text": "ok"}}]
+    task = api.create("watched", profile="behave", instructions=json.dumps(steps))
+    result = run_cli(
+        stack,
+        "tasks",
+        "--url",
+        stack.http_url,
+        "--api-key",
+        api.key,
+        "--agent",
+        api.agent,
+        "--session",
+        api.session,
+        "watch",
+        task["taskId"],
+        "--interval",
+        "0.1",
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line.split("] ", 1)[1] for line in result.stdout.splitlines() if line.startswith("[")]
+    assert lines[-1].startswith("completed")
+    assert all(a != b for a, b in zip(lines, lines[1:], strict=False)), "consecutive lines always differ"
+    assert len(lines) < 15, "the ~12 polls of an unchanged snapshot print nothing"
+    assert any("two" in line for line in lines)
