@@ -27,6 +27,7 @@ AGENT, SESSION = "agent-1", "cli-bench"
 N_THROUGHPUT = 200
 N_LAUNCH = 40
 N_CANCEL = 8
+N_ANSWER = 20
 
 
 def pct(values: list[float], q: float) -> float:
@@ -138,6 +139,25 @@ async def main() -> None:
                         await http.post(f"{base}/tasks/{task_id}/cancel")
                         reached = await watch
                         latencies[label].append((reached[task_id] - t0) * 1000)
+                # 4. REST answer -> the worker has it (the task is running again).
+                print(f"answer latency: {N_ANSWER} questions ...", flush=True)
+                answer_ms: list[float] = []
+                steps = json.dumps([{"ask": "go on?"}, {"sleep": 300}])
+                for _ in range(N_ANSWER):
+                    task_id = await create("behave", steps)
+                    await _wait(channel, task_id, lambda t: t.state == pb.TASK_STATE_WAITING_INPUT)
+                    r = await http.get(f"{base}/tasks/{task_id}")
+                    question_id = r.json()["task"]["pendingQuestion"]["questionId"]
+                    watch = asyncio.create_task(wait_states(channel, {task_id}, {pb.TASK_STATE_RUNNING}, 60))
+                    await asyncio.sleep(0.05)
+                    t0 = time.perf_counter()
+                    r = await http.post(
+                        f"{base}/tasks/{task_id}/answer", json={"questionId": question_id, "answer": "y"}
+                    )
+                    r.raise_for_status()
+                    reached = await watch
+                    answer_ms.append((reached[task_id] - t0) * 1000)
+                    await http.post(f"{base}/tasks/{task_id}/cancel")
             await channel.close()
         finally:
             stack.stop()
@@ -152,6 +172,10 @@ async def main() -> None:
         f"  worker launches, queued->running, N={N_LAUNCH}:            {N_LAUNCH / launch_s:7.1f} /s "
         f"(floor: bare asyncio.create_subprocess_exec {N_LAUNCH / floor_s:7.1f} /s; ratio "
         f"{(N_LAUNCH / floor_s) / (N_LAUNCH / launch_s):.1f}x)"
+    )
+    print(
+        f"  REST answer -> worker has it (task running again): p50 {statistics.median(answer_ms):7.1f} ms  "
+        f"p99 {pct(answer_ms, 0.99):7.1f} ms  (n={len(answer_ms)})"
     )
     for label, values in latencies.items():
         print(
