@@ -198,6 +198,18 @@ def test_cancel_of_a_queued_task_is_immediate(api: Api) -> None:
 
 
 def test_worker_reports_need_the_current_token(api: Api, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    task = api.create("leaks its token", profile="behave", instructions=steps({"write_token": str(token_file)}))
+    api.wait_state(task["taskId"], "completed")
+    stale = token_file.read_text()
+    with grpc.insecure_channel(api.stack.addr("scheduler")) as channel:
+        stub = pb_grpc.WorkerServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ReportProgress(
+                pb.ReportProgressRequest(text="late"), metadata=(("x-taskgate-worker-token", stale),), timeout=10
+            )
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, "a finished attempt's token is stale"
+    assert "progress" not in api.get(task["taskId"])
     with grpc.insecure_channel(api.stack.addr("scheduler")) as channel:
         stub = pb_grpc.WorkerServiceStub(channel)
         with pytest.raises(grpc.RpcError) as err:

@@ -38,6 +38,8 @@ def main() -> int:
             return int(arg)
         elif action == "trap_term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif action == "write_token":
+            Path(arg).write_text(os.environ["TASKGATE_WORKER_TOKEN"])
         elif action == "write_pid":
             Path(arg).write_text(str(os.getpid()))
         elif action == "grandchild":
