@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 
 import uvicorn
 
 from gateway_http.app import create_app
 from gateway_http.store import MIGRATIONS, GatewayStore
 from libs.db import Database
-from libs.log import configure_logging, get_logger
-from libs.settings import SettingsError, load_settings
+from libs.log import get_logger
+from libs.startup import boot, migrate
 
 
 async def main() -> None:
-    try:
-        settings = load_settings(os.environ)
-    except SettingsError as exc:
-        sys.exit(f"gateway_http: {exc}")
-    configure_logging("gateway_http", settings.log_level, settings.log_format)
+    settings = boot("gateway_http", os.environ)
     db = Database(settings.db_url("gateway"), MIGRATIONS)
-    applied = await asyncio.to_thread(db.migrate)
+    await migrate(db)
     log = get_logger("gateway_http")
-    log.info("database_ready", migrations_applied=applied)
     host, _, port = settings.http_addr.rpartition(":")
     config = uvicorn.Config(
         create_app(settings, GatewayStore(db)),

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 
 from libs.db import Database
 from libs.grpc_server import serve
-from libs.log import configure_logging, get_logger
-from libs.settings import SettingsError, load_settings
+from libs.startup import boot, migrate
 from services.scheduler.engine import Engine
 from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
@@ -19,15 +17,9 @@ from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
 async def main() -> None:
-    try:
-        settings = load_settings(os.environ)
-    except SettingsError as exc:
-        sys.exit(f"scheduler: {exc}")
-    configure_logging("scheduler", settings.log_level, settings.log_format)
-    log = get_logger("scheduler")
+    settings = boot("scheduler", os.environ)
     db = Database(settings.db_url("scheduler"), MIGRATIONS)
-    applied = await asyncio.to_thread(db.migrate)
-    log.info("database_ready", url=db.engine.url.render_as_string(hide_password=True), migrations_applied=applied)
+    await migrate(db)
     telemetry = TelemetryClient(settings.telemetry_addr)
     questions = QuestionsClient(settings.pending_addr)
     engine = Engine(settings, SchedulerStore(db), telemetry=telemetry, questions=questions)

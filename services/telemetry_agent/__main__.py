@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 
 import grpc
 
 from libs.grpc_server import serve
-from libs.log import configure_logging
-from libs.settings import SettingsError, load_settings
+from libs.startup import boot
 from services.telemetry_agent.agent import Agent
 from services.telemetry_agent.procread import ProcfsReader
 from services.telemetry_agent.sampler import Sampler
@@ -19,11 +17,7 @@ from taskgate.telemetry.v1 import telemetry_pb2_grpc
 
 
 async def main() -> None:
-    try:
-        settings = load_settings(os.environ)
-    except SettingsError as exc:
-        sys.exit(f"telemetry-agent: {exc}")
-    configure_logging("telemetry-agent", settings.log_level, settings.log_format)
+    settings = boot("telemetry_agent", os.environ)
     agent = Agent(Sampler(ProcfsReader()), settings.tasks.observation_interval_ms / 1000)
 
     def register(server: grpc.aio.Server) -> None:

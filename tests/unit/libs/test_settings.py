@@ -56,3 +56,11 @@ def test_bad_configuration_names_the_problem(tmp_path: Path, env: dict[str, str]
 def test_a_missing_config_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="does not exist"):
         load_settings({"TASKGATE_CONFIG": str(tmp_path / "absent.toml")})
+
+
+def test_a_process_with_bad_settings_exits_naming_itself_and_the_field() -> None:
+    from libs.startup import boot
+
+    with pytest.raises(SystemExit) as err:
+        boot("scheduler", {"TASKGATE_TASKS_CANCEL_GRACE_MS": "-5"})
+    assert str(err.value).startswith("scheduler: ") and "tasks.cancel_grace_ms" in str(err.value)
