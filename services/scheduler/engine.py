@@ -234,8 +234,7 @@ class Engine:
 
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         domain.validate_task_id(task_id)
-        task = await self.store.get_task(task_id)
-        return task, await self.store.attempts_of(task_id)
+        return await self.store.task_with_attempts(task_id)
 
     async def list_tasks(
         self, agent_id: str, session_id: str, page: int, page_size: int, include_finished: bool
@@ -283,9 +282,9 @@ class Engine:
             ][:room]
             if not queued:
                 break
-            for task in queued:
-                if await self._launch(task.task_id):
-                    launched += 1
+            # Concurrently: one launch's database work overlaps another's fork/exec.
+            results = await asyncio.gather(*(self._launch(task.task_id) for task in queued))
+            launched += sum(results)
         return launched
 
     def _worker_env(self, task: Task, attempt: Attempt, token: str, profile: WorkerProfile) -> dict[str, str]:
@@ -310,7 +309,7 @@ class Engine:
 
     async def _launch(self, task_id: str) -> bool:
         async with self._locks[task_id]:
-            task = await self.store.get_task(task_id)
+            task, previous = await self.store.task_with_attempts(task_id)
             if task.state != State.QUEUED or task_id in self._live or self._closing:
                 return False
             now = self.clock.now_ms()
@@ -325,7 +324,6 @@ class Engine:
                     ),
                 )
                 return False
-            previous = await self.store.attempts_of(task_id)
             token = secrets.token_urlsafe(32)
             attempt = Attempt(
                 attempt_id=uuid.uuid4().hex,

@@ -266,6 +266,18 @@ class SchedulerStore:
 
         return await self.db.run(work)
 
+    async def task_with_attempts(self, task_id: str) -> tuple[Task, list[Attempt]]:
+        def work(s: Session) -> tuple[Task, list[Attempt]]:
+            row = s.get(TaskRow, task_id)
+            if row is None:
+                raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
+            attempts = s.exec(
+                select(AttemptRow).where(AttemptRow.task_id == task_id).order_by(col(AttemptRow.number))
+            ).all()
+            return _task_from_row(row), [Attempt.model_validate_json(a.doc) for a in attempts]
+
+        return await self.db.run(work)
+
     async def attempt_by_token_hash(self, token_hash: str) -> Attempt | None:
         def work(s: Session) -> Attempt | None:
             row = s.exec(select(AttemptRow).where(AttemptRow.token_hash == token_hash)).first()
