@@ -15,7 +15,7 @@ import secrets
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -187,11 +187,39 @@ class Engine:
         if self.questions is not None and not (task.state == State.CANCELLED and paused):
             self._spawn(self.questions.cancel_open(task.task_id), f"close-questions-{task.task_id}")
 
-    async def watch(self, accepts: Callable[[Task], bool], initial: list[Task]) -> AsyncIterator[TaskEvent]:
-        """Current snapshots first, then each event after commit."""
+    async def watch_task(self, task_id: str) -> AsyncIterator[TaskEvent]:
+        domain.validate_task_id(task_id)
+        async for event in self._watch(lambda t: t.task_id == task_id, lambda: self._one(task_id)):
+            yield event
+
+    async def watch_session(self, agent_id: str, session_id: str) -> AsyncIterator[TaskEvent]:
+        domain.validate_id("agentId", agent_id)
+        domain.validate_id("sessionId", session_id)
+
+        def accepts(t: Task) -> bool:
+            return t.agent_id == agent_id and t.session_id == session_id
+
+        async def active() -> list[Task]:
+            live_states = [s for s in State if s not in domain.TERMINAL]
+            return [t for t in await self.store.tasks_in_states(live_states) if accepts(t)]
+
+        async for event in self._watch(accepts, active):
+            yield event
+
+    async def _one(self, task_id: str) -> list[Task]:
+        return [await self.store.get_task(task_id)]
+
+    async def _watch(
+        self, accepts: Callable[[Task], bool], initial: Callable[[], Awaitable[list[Task]]]
+    ) -> AsyncIterator[TaskEvent]:
+        """Current snapshots first, then each event after commit.
+
+        Subscribed before the snapshots are read, so no change falls between them
+        (a change may show twice: snapshot, then event — never not at all).
+        """
         with self.hub.subscribe(accepts) as sub:
             now = self.clock.now_ms()
-            for task in initial:
+            for task in await initial():
                 yield TaskEvent(0, "task.snapshot", now, task)
             while True:
                 try:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from services.scheduler import convert, domain
-from services.scheduler.domain import TERMINAL, NewTask, Task
+from services.scheduler.domain import NewTask
 from services.scheduler.engine import USER_CANCELED, Engine
 from services.scheduler.questions import max_wait_s
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
@@ -80,30 +80,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         self, request: pb.WatchTasksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchTasksResponse]:
         if request.task_id:
-            domain.validate_task_id(request.task_id)
             if request.session_id or request.agent_id:
                 raise domain.InvalidArgument("INVALID_WATCH", "name either a task or a session, not both")
-            task_id = request.task_id
-
-            def accepts(t: Task) -> bool:
-                return t.task_id == task_id
-
-            initial_task = await self.engine.store.get_task(task_id)
-            initial = [initial_task]
+            events = self.engine.watch_task(request.task_id)
         else:
-            domain.validate_id("agentId", request.agent_id)
-            domain.validate_id("sessionId", request.session_id)
-            agent_id, session_id = request.agent_id, request.session_id
-
-            def accepts(t: Task) -> bool:
-                return t.agent_id == agent_id and t.session_id == session_id
-
-            initial = [
-                t
-                for t in await self.engine.store.tasks_in_states([s for s in domain.State if s not in TERMINAL])
-                if accepts(t)
-            ]
-        async for event in self.engine.watch(accepts, initial):
+            events = self.engine.watch_session(request.agent_id, request.session_id)
+        async for event in events:
             yield pb.WatchTasksResponse(
                 sequence=event.sequence,
                 type=convert.EVENT_TYPE_TO_PB[event.type],
