@@ -24,19 +24,21 @@ def configure_logging(service: str, level: str = "info", fmt: Literal["auto", "j
         add_service,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.stdlib.ExtraAdder(),
     ]
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    # structlog's own loggers render and write directly (the fast path: no stdlib
+    # LogRecord per line); stdlib loggers (grpc, uvicorn) go through the same
+    # processors via ProcessorFormatter, so every line shares one format.
     structlog.configure(
         processors=[
             *shared,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+            renderer,
         ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         cache_logger_on_first_use=True,
     )
@@ -57,5 +59,5 @@ def configure_logging(service: str, level: str = "info", fmt: Literal["auto", "j
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
+def get_logger(name: str | None = None) -> structlog.typing.FilteringBoundLogger:
     return structlog.get_logger(name)  # type: ignore[no-any-return]
