@@ -98,7 +98,8 @@ class TelemetryClient:
     async def _consume(self) -> None:
         backoff = 0.2
         while True:
-            stream = self._stub.StreamObservations(pb.StreamObservationsRequest(batch=True))
+            # wait_for_ready: headers arrive only once the agent really accepted the stream.
+            stream = self._stub.StreamObservations(pb.StreamObservationsRequest(batch=True), wait_for_ready=True)
             try:
                 await stream.initial_metadata()
                 # Subscribed: (re-)register every live tree; an agent restart forgot them.
