@@ -146,3 +146,23 @@ def test_task_events_stream_over_sse(api: Api) -> None:
                         break
     assert ("task.state_changed", "running") in seen and seen[-1] == ("task.state_changed", "completed")
     assert httpx.get(api.base + "/tasks/events", timeout=10).status_code == 401
+
+
+def test_every_service_serves_health_and_reflection(stack: Stack) -> None:
+    import grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    expected = {
+        "scheduler": {"taskgate.scheduler.v1.SchedulerService", "taskgate.scheduler.v1.WorkerService"},
+        "pending": {"taskgate.pending.v1.PendingRegistryService"},
+        "telemetry": {"taskgate.telemetry.v1.TelemetryAgentService"},
+        "notifier": {"taskgate.notifier.v1.NotifierService"},
+    }
+    for name, services in expected.items():
+        with grpc.insecure_channel(stack.addr(name)) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            replies = stub.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+            )
+            listed = {s.name for reply in replies for s in reply.list_services_response.service}
+        assert services | {"grpc.health.v1.Health"} <= listed, name
