@@ -1,0 +1,80 @@
+"""Launch rate of the scheduler's engine alone (no HTTP, no gRPC): queued -> running.
+
+Run: .venv/bin/python bench/bench_engine_launch.py
+Creates N queued `sleep` tasks in a temporary SQLite database, then times one
+`dispatch_once()` (which launches them all), next to N bare
+`asyncio.create_subprocess_exec` calls of the same command as the floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import structlog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from libs.db import Database  # noqa: E402
+from libs.settings import Settings, TaskSettings, WorkerProfile  # noqa: E402
+from services.scheduler.domain import NewTask  # noqa: E402
+from services.scheduler.engine import Engine  # noqa: E402
+from services.scheduler.store import MIGRATIONS, SchedulerStore  # noqa: E402
+
+N = 100
+ROUNDS = 3
+
+
+async def engine_round(tmp: Path) -> float:
+    settings = Settings(
+        data_dir=tmp,
+        tasks=TaskSettings(max_running=N, supervisor_interval_ms=3_600_000, cancel_grace_ms=200),
+        workers={"sleeper": WorkerProfile(command=["sleep", "300"])},
+    )
+    db = Database(f"sqlite:///{tmp / 'scheduler.db'}", MIGRATIONS)
+    db.migrate()
+    engine = Engine(settings, SchedulerStore(db))
+    await engine.start(run_loops=False)
+    for i in range(N):
+        await engine.create_task(NewTask("agent", "bench", f"t{i}", "", "sleeper", None, None, None))
+    began = time.perf_counter()
+    launched = await engine.dispatch_once()
+    elapsed = time.perf_counter() - began
+    assert launched == N, launched
+    await engine.shutdown()
+    db.close()
+    return N / elapsed
+
+
+async def floor_round() -> float:
+    began = time.perf_counter()
+    procs = [await asyncio.create_subprocess_exec("sleep", "300", start_new_session=True) for _ in range(N)]
+    elapsed = time.perf_counter() - began
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)
+        await p.wait()
+    return N / elapsed
+
+
+async def main() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+    engine_rates, floor_rates = [], []
+    for r in range(ROUNDS):
+        with tempfile.TemporaryDirectory() as tmp:
+            engine_rates.append(await engine_round(Path(tmp)))
+        floor_rates.append(await floor_round())
+        print(f"round {r + 1}/{ROUNDS}: engine {engine_rates[-1]:.0f}/s, floor {floor_rates[-1]:.0f}/s", flush=True)
+    e, f = statistics.median(engine_rates), statistics.median(floor_rates)
+    print(f"\nengine launches, queued->running, N={N} (median of {ROUNDS}): {e:7.1f} /s")
+    print(f"floor: bare asyncio.create_subprocess_exec of the same command:  {f:7.1f} /s  (ratio {f / e:.1f}x)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
