@@ -177,10 +177,10 @@ async def stop_tree(
     status = tree_status(attempt, table)
     if status.gone:
         return status
-    signal_group(attempt, status, signal.SIGTERM)
+    await asyncio.to_thread(signal_group, attempt, status, signal.SIGTERM)
     status = await _wait_gone(attempt, grace_s, table_reader)
     if status.group and not status.unsignallable:
-        signal_group(attempt, status, signal.SIGKILL)
+        await asyncio.to_thread(signal_group, attempt, status, signal.SIGKILL)
     if status.gone:
         return status
     return await _wait_gone(attempt, confirm_s, table_reader)
