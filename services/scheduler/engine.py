@@ -424,6 +424,8 @@ class Engine:
         attempt.exit_code = returncode if returncode >= 0 else None
         attempt.signal = -returncode if returncode < 0 else None
         try:
+            if not live.stopping:
+                await self._reap_leftovers(live)
             async with self._locks[task_id]:
                 if live.stopping:
                     return  # the stopper records the outcome
@@ -446,6 +448,23 @@ class Engine:
         finally:
             self._forget(live)
             self._wake.set()
+
+    async def _reap_leftovers(self, live: LiveAttempt) -> None:
+        """Processes a worker leaves in its group end with it: the group belongs to the task."""
+        table = await asyncio.to_thread(self._table_reader)
+        status = processes.tree_status(live.attempt, table)
+        if not status.group or status.unsignallable:
+            return
+        task_id = live.attempt.task_id
+        log.info("reaping_leftover_processes", task_id=task_id, pids=[p.pid for p in status.group])
+        status = await processes.stop_tree(
+            live.attempt,
+            self.tasks_cfg.cancel_grace_ms / 1000,
+            self.tasks_cfg.cleanup_confirm_ms / 1000,
+            self._table_reader,
+        )
+        if not status.gone:
+            log.warning("leftover_processes_survive", task_id=task_id, detail=status.describe())
 
     async def _finish(
         self,

@@ -148,6 +148,19 @@ def test_cancel_stops_grandchildren_in_the_group(api: Api, tmp_path: Path) -> No
     assert not alive(shell) and not any(alive(p) for p in grandchildren)
 
 
+def test_processes_left_in_the_group_end_with_the_worker(api: Api, tmp_path: Path) -> None:
+    pid_file = tmp_path / "leftover"
+    task = api.create(
+        "leaves a child behind",
+        profile="behave",
+        instructions=steps({"grandchild": {"seconds": 300, "pid_file": str(pid_file)}}, {"result": {"text": "ok"}}),
+    )
+    done = api.wait_state(task["taskId"], "completed", "failed")
+    assert done["state"] == "completed" and done["result"]["text"] == "ok"
+    shell = wait_pid_file(pid_file)
+    assert not alive(shell), "a leftover in the worker's group is stopped before the task ends"
+
+
 def test_a_child_that_escaped_the_group_blocks_cancelled_until_it_is_gone(api: Api, tmp_path: Path) -> None:
     pid_file = tmp_path / "escaped"
     task = started(api, "escapee", {"escape": {"seconds": 300, "pid_file": str(pid_file)}}, {"sleep": 300})
