@@ -27,9 +27,15 @@ def listen(prefix: str, addr: str | None, out: TextIO, read_line: Callable[[str]
     with grpc.insecure_channel(addr) as channel:
         stub = pb_grpc.PendingRegistryServiceStub(channel)
         stream = stub.Listen(pb.ListenRequest(prefix=prefix, listener_name=picker))
-        print(f"listening for pending entries with prefix {prefix!r} on {addr} (Ctrl+C to stop)", file=out, flush=True)
         try:
             for event in stream:
+                if event.type == pb.LISTEN_EVENT_TYPE_SYNCED:
+                    # Registered (HasListener now counts this terminal) and caught up.
+                    print(
+                        f"listening for pending entries with prefix {prefix!r} on {addr} (Ctrl+C to stop)",
+                        file=out,
+                        flush=True,
+                    )
                 if event.type != pb.LISTEN_EVENT_TYPE_AVAILABLE:
                     continue
                 claimed = stub.PickNext(pb.PickNextRequest(prefix=prefix, picker=picker), timeout=10).entry
