@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import BigInteger, ColumnElement, func
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration
@@ -156,7 +157,11 @@ class SchedulerStore:
             event = _append_event(s, task, "task.state_changed", task.created_at)
             return task, StoredEvent(event.id or 0, event.type, event.at, task)
 
-        return await self.db.run(work)
+        try:
+            return await self.db.run(work)
+        except IntegrityError:
+            # A concurrent create with the same request id won the unique index: return its task.
+            return await self.db.run(work)
 
     async def get_task(self, task_id: str) -> Task:
         def work(s: Session) -> Task:
@@ -235,7 +240,10 @@ class SchedulerStore:
         """
 
         def work(s: Session) -> tuple[Task, StoredEvent | None]:
-            row = s.get(TaskRow, task_id)
+            # FOR UPDATE: concurrent changes of one task (a report racing the exit
+            # handler) serialize on PostgreSQL instead of losing an update. SQLite
+            # already serializes writers (BEGIN IMMEDIATE).
+            row = s.exec(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update()).first()
             if row is None:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
             before = _task_from_row(row)

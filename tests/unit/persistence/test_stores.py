@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -229,3 +229,30 @@ def test_table_models_match_the_migrated_schema(db_url: str, migrations: list[Mi
             assert migrated == modelled, table
     finally:
         db.close()
+
+
+async def test_concurrent_changes_of_one_task_are_not_lost(scheduler_db: Database) -> None:
+    import asyncio
+
+    store = SchedulerStore(scheduler_db)
+    await store.create_task(make_task("1" * 32))
+
+    def add(path: str) -> Callable[[Task], Task]:
+        def change(t: Task) -> Task:
+            t.observed_paths = [*t.observed_paths, path]
+            return t
+
+        return change
+
+    await asyncio.gather(*(store.update_task("1" * 32, add(f"p{i}"), None, 1) for i in range(40)))
+    stored = await store.get_task("1" * 32)
+    assert sorted(stored.observed_paths) == sorted(f"p{i}" for i in range(40))
+
+
+async def test_concurrent_creates_with_one_request_id_make_one_task(scheduler_db: Database) -> None:
+    import asyncio
+
+    store = SchedulerStore(scheduler_db)
+    results = await asyncio.gather(*(store.create_task(make_task(f"{i:032x}", request_id="same")) for i in range(8)))
+    assert len({task.task_id for task, _ in results}) == 1
+    assert sum(1 for _, event in results if event is not None) == 1
