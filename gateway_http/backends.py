@@ -6,14 +6,20 @@ import asyncio
 from dataclasses import dataclass
 
 import grpc
+from fastapi import Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from libs.grpc_client import aio_channel
+from libs.grpc_client import REQUEST_ID_KEY, aio_channel
 from libs.settings import Settings
 from taskgate.pending.v1 import pending_pb2_grpc
 from taskgate.scheduler.v1 import scheduler_pb2_grpc
 
 BACKEND_NAMES = ("scheduler", "pending", "telemetry", "notifier")
+
+
+def request_metadata(request: Request) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata that carries the HTTP request's id into the backend's logs."""
+    return ((REQUEST_ID_KEY, request.state.request_id),)
 
 
 @dataclass

@@ -25,11 +25,11 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from libs.errors import DomainError
+from libs.grpc_client import REQUEST_ID_KEY
 
 log = structlog.get_logger("grpc")
 
 ERROR_DOMAIN = "taskgate.dev"
-REQUEST_ID_KEY = "x-request-id"
 _QUIET_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 _KIND_TO_CODE = {

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 
 from gateway_http.auth import api_key, check_id
+from gateway_http.backends import request_metadata
 from gateway_http.convert import iso
 from gateway_http.errors import ApiError
 from gateway_http.store import ApiKey, GatewayStore
@@ -27,7 +28,7 @@ async def session_task(request: Request, sessionId: str, key: Annotated[ApiKey, 
     reply = await backends.pending.GetSessionTask(
         pb.GetSessionTaskRequest(session_id=sessionId),
         timeout=backends.timeout_s,
-        metadata=(("x-request-id", request.state.request_id),),
+        metadata=request_metadata(request),
     )
     snap = reply.snapshot
     return {

@@ -12,7 +12,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_http.auth import SessionCaller
-from gateway_http.backends import Backends
+from gateway_http.backends import Backends, request_metadata
 from gateway_http.convert import task_json
 from gateway_http.errors import ApiError
 from libs.ids import UUID_HEX_PATTERN
@@ -58,10 +58,6 @@ def _backends(request: Request) -> Backends:
     return request.app.state.backends  # type: ignore[no-any-return]
 
 
-def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
-    return (("x-request-id", request.state.request_id),)
-
-
 def _parse_int(name: str, raw: str | None, default: int) -> int:
     if raw is None or raw == "":
         return default
@@ -87,7 +83,7 @@ async def owned_task(request: Request, caller: SessionCaller, task_id: str) -> p
         raise ApiError(400, "INVALID_ID", "taskId must be 32 lowercase hex characters")
     backends = _backends(request)
     reply = await backends.scheduler.GetTask(
-        pb.GetTaskRequest(task_id=task_id), timeout=backends.timeout_s, metadata=_metadata(request)
+        pb.GetTaskRequest(task_id=task_id), timeout=backends.timeout_s, metadata=request_metadata(request)
     )
     if reply.task.agent_id != caller.agent_id or reply.task.session_id != caller.session_id:
         raise ApiError(403, "TASK_ACCESS_DENIED", "the task does not belong to this session")
@@ -109,7 +105,7 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
             harness_model=body.harnessModel or "",
         ),
         timeout=backends.timeout_s,
-        metadata=_metadata(request),
+        metadata=request_metadata(request),
     )
     return JSONResponse({"task": task_json(reply.task)}, status_code=201)
 
@@ -134,7 +130,7 @@ async def list_tasks(request: Request, caller: SessionCaller) -> dict[str, Any]:
             include_finished=include_finished,
         ),
         timeout=backends.timeout_s,
-        metadata=_metadata(request),
+        metadata=request_metadata(request),
     )
     return {
         "page": reply.page,
@@ -163,7 +159,7 @@ async def task_events(request: Request, caller: SessionCaller) -> AsyncIterator[
     disconnected; on reconnect it starts again from fresh snapshots.
     """
     stream = _backends(request).scheduler.WatchTasks(
-        pb.WatchTasksRequest(agent_id=caller.agent_id, session_id=caller.session_id), metadata=_metadata(request)
+        pb.WatchTasksRequest(agent_id=caller.agent_id, session_id=caller.session_id), metadata=request_metadata(request)
     )
     try:
         async for event in stream:
@@ -201,7 +197,7 @@ async def cancel_task(
     reply = await backends.scheduler.CancelTask(
         pb.CancelTaskRequest(task_id=taskId, cause="user_canceled", replaced_by_task_id=replaced_by or ""),
         timeout=backends.timeout_s,
-        metadata=_metadata(request),
+        metadata=request_metadata(request),
     )
     snapshot = task_json(reply.task)
     return {"task": {"taskId": snapshot["taskId"], "state": snapshot["state"]}}
@@ -213,7 +209,7 @@ async def retry_cleanup(request: Request, caller: SessionCaller, taskId: str) ->
     await owned_task(request, caller, taskId)
     backends = _backends(request)
     reply = await backends.scheduler.RetryCleanup(
-        pb.RetryCleanupRequest(task_id=taskId), timeout=backends.timeout_s + 30, metadata=_metadata(request)
+        pb.RetryCleanupRequest(task_id=taskId), timeout=backends.timeout_s + 30, metadata=request_metadata(request)
     )
     return {"task": task_json(reply.task)}
 
@@ -234,7 +230,7 @@ async def answer_question(request: Request, caller: SessionCaller, taskId: str, 
                 task_id=taskId, question_id=body.questionId, answer=body.answer, answered_by=caller.key.principal
             ),
             timeout=backends.timeout_s,
-            metadata=_metadata(request),
+            metadata=request_metadata(request),
         )
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.NOT_FOUND:

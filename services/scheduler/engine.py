@@ -449,6 +449,15 @@ class Engine:
             self._forget(live)
             self._wake.set()
 
+    async def _stop_tree(self, attempt: Attempt) -> processes.TreeStatus:
+        """SIGTERM, SIGKILL after the grace, then look for proof (see ``processes.stop_tree``)."""
+        return await processes.stop_tree(
+            attempt,
+            self.tasks_cfg.cancel_grace_ms / 1000,
+            self.tasks_cfg.cleanup_confirm_ms / 1000,
+            self._table_reader,
+        )
+
     async def _reap_leftovers(self, live: LiveAttempt) -> None:
         """Processes a worker leaves in its group end with it: the group belongs to the task."""
         table = await asyncio.to_thread(self._table_reader)
@@ -457,12 +466,7 @@ class Engine:
             return
         task_id = live.attempt.task_id
         log.info("reaping_leftover_processes", task_id=task_id, pids=[p.pid for p in status.group])
-        status = await processes.stop_tree(
-            live.attempt,
-            self.tasks_cfg.cancel_grace_ms / 1000,
-            self.tasks_cfg.cleanup_confirm_ms / 1000,
-            self._table_reader,
-        )
+        status = await self._stop_tree(live.attempt)
         if not status.gone:
             log.warning("leftover_processes_survive", task_id=task_id, detail=status.describe())
 
@@ -572,12 +576,7 @@ class Engine:
         """
         task_id = live.attempt.task_id
         live.stopping = True
-        status = await processes.stop_tree(
-            live.attempt,
-            self.tasks_cfg.cancel_grace_ms / 1000,
-            self.tasks_cfg.cleanup_confirm_ms / 1000,
-            self._table_reader,
-        )
+        status = await self._stop_tree(live.attempt)
         if live.process is not None and not live.exited.is_set():
             try:
                 await asyncio.wait_for(live.exited.wait(), timeout=1.0)
@@ -674,12 +673,7 @@ class Engine:
         outcome = task.pending_outcome or PendingOutcome(state=State.CANCELLED)
         attempt = attempts[-1] if attempts else None
         if attempt is not None:
-            status = await processes.stop_tree(
-                attempt,
-                self.tasks_cfg.cancel_grace_ms / 1000,
-                self.tasks_cfg.cleanup_confirm_ms / 1000,
-                self._table_reader,
-            )
+            status = await self._stop_tree(attempt)
         async with self._locks[task_id]:
             if attempt is None or status.gone:
                 return await self._settle(task_id, outcome, attempt)
@@ -942,12 +936,7 @@ class Engine:
             if attempt is None:
                 await self._settle(task.task_id, outcome, None)
                 continue
-            status = await processes.stop_tree(
-                attempt,
-                self.tasks_cfg.cancel_grace_ms / 1000,
-                self.tasks_cfg.cleanup_confirm_ms / 1000,
-                self._table_reader,
-            )
+            status = await self._stop_tree(attempt)
             attempt.outcome = attempt.outcome or "interrupted"
             attempt.ended_at = attempt.ended_at or now
             if status.gone:

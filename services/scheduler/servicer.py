@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from libs.worker_sdk import TOKEN_METADATA_KEY
 from services.scheduler import convert, domain
 from services.scheduler.domain import NewTask
 from services.scheduler.engine import USER_CANCELED, Engine
@@ -13,7 +14,6 @@ from services.scheduler.questions import max_wait_s
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
-TOKEN_METADATA_KEY = "x-taskgate-worker-token"
 # How long CancelTask waits for a cooperative worker before answering cancel_requested.
 CANCEL_ANSWER_WAIT_S = 1.0
 

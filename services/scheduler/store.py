@@ -17,7 +17,6 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration
 from services.scheduler.domain import (
-    ACTIVE,
     TERMINAL,
     Attempt,
     State,
@@ -285,16 +284,6 @@ class SchedulerStore:
             return _task_from_row(row), [Attempt.model_validate_json(a.doc) for a in attempts]
 
         return await self.db.run(work)
-
-    async def attempt_by_token_hash(self, token_hash: str) -> Attempt | None:
-        def work(s: Session) -> Attempt | None:
-            row = s.exec(select(AttemptRow).where(AttemptRow.token_hash == token_hash)).first()
-            return Attempt.model_validate_json(row.doc) if row else None
-
-        return await self.db.run(work)
-
-    async def active_tasks(self) -> list[Task]:
-        return await self.tasks_in_states(ACTIVE)
 
 
 def _write_attempt(s: Session, attempt: Attempt) -> None:

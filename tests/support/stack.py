@@ -86,11 +86,6 @@ class Stack:
             time.sleep(0.1)
         raise TimeoutError(f"stack not healthy: {last}")
 
-    def restart(self, name: str) -> None:
-        self.procs[name].stop()
-        self.procs[name].start(wait=name != "gateway")
-        self.wait_healthy()
-
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
             proc.stop()
