@@ -440,6 +440,28 @@ def supervise(task: Task, attempt: Attempt, settings: TaskSettings, now: int, us
     return Supervision(Verdict.NONE)
 
 
+def end_task(task: Task, state: State, now: int, failure: Failure | None = None, result: Result | None = None) -> Task:
+    """Move a task to a terminal state: the end time freezes elapsed, timers' marks are cleared.
+
+    A cancelled task carries no failure and its cleanup is confirmed: only proven stops end here.
+    """
+    if state not in TERMINAL:
+        raise ValueError(f"{state} is not a terminal state")
+    task.state = state
+    task.updated_at = task.ended_at = now
+    task.inspection = None
+    task.pending_outcome = None
+    if state == State.CANCELLED:
+        task.failure = None
+        if task.cancellation is not None:
+            task.cancellation.cleanup = "confirmed"
+    if failure is not None:
+        task.failure = failure
+    if result is not None:
+        task.result = result
+    return task
+
+
 MAX_AUTOMATIC_RESUMES = 3
 
 

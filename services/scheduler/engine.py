@@ -479,26 +479,13 @@ class Engine:
         result: Result | None = None,
         attempt: Attempt | None = None,
         only_from: tuple[State, ...] | None = None,
-        cleanup: str | None = None,
     ) -> Task:
         now = self.clock.now_ms()
 
         def change(t: Task) -> Task | None:
             if t.terminal or (only_from is not None and t.state not in only_from):
                 return None
-            t.state = state
-            t.updated_at = now
-            if failure is not None:
-                t.failure = failure
-            if result is not None:
-                t.result = result
-            if state in domain.TERMINAL:
-                t.ended_at = now
-                t.inspection = None
-                t.pending_outcome = None
-            if cleanup is not None and t.cancellation is not None:
-                t.cancellation.cleanup = cleanup
-            return t
+            return domain.end_task(t, state, now, failure=failure, result=result)
 
         task, stored = await self.store.update_task(task_id, change, "task.state_changed", now, attempt=attempt)
         if stored is None and attempt is not None:
@@ -541,11 +528,8 @@ class Engine:
             if live is None:
                 # Queued (or never launched): nothing runs, so nothing to prove.
                 def to_cancelled(t: Task) -> Task:
-                    t.state = State.CANCELLED
-                    t.cancellation = cancellation.model_copy(update={"cleanup": "confirmed"})
-                    t.updated_at = t.ended_at = now
-                    t.inspection = None
-                    return t
+                    t.cancellation = cancellation
+                    return domain.end_task(t, State.CANCELLED, now)
 
                 task, stored = await self.store.update_task(task_id, to_cancelled, "task.state_changed", now)
                 self._published(stored, task)
@@ -623,19 +607,7 @@ class Engine:
             if outcome.state == State.QUEUED:
                 assert outcome.failure is not None
                 return domain.resume_after_interruption(t, now, outcome.failure.message)
-            t.state = outcome.state
-            t.updated_at = t.ended_at = now
-            t.inspection = None
-            t.pending_outcome = None
-            if outcome.state == State.CANCELLED:
-                t.failure = None
-                if t.cancellation is not None:
-                    t.cancellation.cleanup = "confirmed"
-            if outcome.failure is not None:
-                t.failure = outcome.failure
-            if outcome.result is not None:
-                t.result = outcome.result
-            return t
+            return domain.end_task(t, outcome.state, now, failure=outcome.failure, result=outcome.result)
 
         task, stored = await self.store.update_task(task_id, change, "task.state_changed", now, attempt=attempt)
         self._published(stored, task)

@@ -59,7 +59,7 @@ async def launch(command: Sequence[str], cwd: Path, env: Mapping[str, str], log_
             start_new_session=True,  # own session, so its own process group
         )
     # May be None when the process has already exited and been reaped.
-    start_time = proctree.start_time_of(process.pid)
+    start_time = await asyncio.to_thread(proctree.start_time_of, process.pid)
     return Launched(process=process, pid=process.pid, pgid=process.pid, start_time=start_time)
 
 

@@ -225,3 +225,17 @@ def test_observations_move_activity_and_clear_inspection_but_never_progress() ->
     assert task.last_activity_at == T0 + 400 and task.inspection is None and task.progress is None
     finished = make_task(State.COMPLETED)
     assert not domain.apply_observation(finished, busy) and finished.execution is None
+
+
+def test_ending_a_task_freezes_it_and_a_cancel_is_always_confirmed() -> None:
+    task = make_task(
+        inspection=domain.Inspection(reason="idle", since=T0),
+        cancellation=domain.Cancellation(requested_at=T0, cause="user_canceled", cleanup="unconfirmed"),
+        failure=domain.Failure(code="CLEANUP_UNCONFIRMED", message="x"),
+    )
+    ended = domain.end_task(task, State.CANCELLED, T0 + 500)
+    assert ended.ended_at == T0 + 500 and ended.elapsed_ms(T0 + 9999) == 500
+    assert ended.inspection is None and ended.failure is None
+    assert ended.cancellation is not None and ended.cancellation.cleanup == "confirmed"
+    with pytest.raises(ValueError):
+        domain.end_task(make_task(), State.RUNNING, T0)
