@@ -31,9 +31,10 @@ from google.protobuf.duration_pb2 import Duration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from libs.grpc_client import ClientSecurity, aio_channel  # noqa: E402
 from taskgate.pending.v1 import pending_pb2 as pb  # noqa: E402
 from taskgate.pending.v1 import pending_pb2_grpc as pb_grpc  # noqa: E402
-from tests.support.procs import REPO, ServiceProcess, free_port, wait_grpc_serving  # noqa: E402
+from tests.support.procs import REPO, ServiceProcess, client_security, free_port, wait_grpc_serving  # noqa: E402
 
 ECHO_METHOD = "/bench.Echo/Echo"
 PAYLOAD = b"x" * 96
@@ -103,8 +104,9 @@ async def bench_echo(addr: str) -> dict[int, list[float]]:
         }
 
 
-async def bench_registry(addr: str) -> dict[str, list[float]]:
-    async with grpc.aio.insecure_channel(addr) as channel:
+async def bench_registry(addr: str, security: ClientSecurity) -> dict[str, list[float]]:
+    # As the operator identity: one credential may both produce asks and answer them.
+    async with aio_channel(addr, security) as channel:
         stub = pb_grpc.PendingRegistryServiceStub(channel)
         stop = asyncio.Event()
         handlers: set[asyncio.Task[None]] = set()
@@ -228,7 +230,7 @@ async def main() -> None:
             print(f"cpus: {os.cpu_count()}  python: {sys.version.split()[0]}  grpcio: {grpc.__version__}")
             started = time.perf_counter()
             floor = await bench_echo(echo_addr)
-            measured = await bench_registry(reg_addr)
+            measured = await bench_registry(reg_addr, client_security(registry.env))
             took = time.perf_counter() - started
         finally:
             registry.stop()

@@ -18,9 +18,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
+from tests.support.procs import client_security  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 
 AGENT, SESSION = "agent-1", "cli-bench"
@@ -62,7 +64,7 @@ async def main() -> None:
             add_member(stack, AGENT, SESSION, "bench")
             base = f"{stack.http_url}/api/v1/agents/{AGENT}/sessions/{SESSION}"
             headers = {"Authorization": f"Bearer {key}"}
-            channel = grpc.aio.insecure_channel(stack.addr("scheduler"))
+            channel = aio_channel(stack.addr("scheduler"), client_security(stack.env))
             async with httpx.AsyncClient(headers=headers, timeout=60) as http:
 
                 async def create(profile: str, instructions: str = "") -> str:

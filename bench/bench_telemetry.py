@@ -38,6 +38,7 @@ from services.telemetry_agent.sampler import Sampler  # noqa: E402
 from taskgate.telemetry.v1 import telemetry_pb2 as pb  # noqa: E402
 from taskgate.telemetry.v1 import telemetry_pb2_grpc as pb_grpc  # noqa: E402
 from tests.support.procs import ServiceProcess, free_port  # noqa: E402
+from tests.support.procs import channel as service_channel  # noqa: E402
 
 TREE_SIZES = (1, 10, 100)
 N_TREES = 200
@@ -155,7 +156,11 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 def agent_cpu_share(spawned: Spawned, tmp: Path) -> None:
     trees = [spawned.tree(1) for _ in range(N_TREES)]
     addr = f"127.0.0.1:{free_port()}"
-    env = {"TASKGATE_TELEMETRY_ADDR": addr, "TASKGATE_TASKS_OBSERVATION_INTERVAL_MS": str(INTERVAL_MS)}
+    env = {
+        "TASKGATE_TELEMETRY_ADDR": addr,
+        "TASKGATE_TASKS_OBSERVATION_INTERVAL_MS": str(INTERVAL_MS),
+        "TASKGATE_DATA_DIR": str(tmp / "data"),
+    }
     agent = ServiceProcess("services.telemetry_agent", env, tmp / "agent.log", addr)
     agent.start()
     assert agent.proc is not None
@@ -186,7 +191,7 @@ def agent_cpu_share(spawned: Spawned, tmp: Path) -> None:
         return share
 
     try:
-        with grpc.insecure_channel(addr) as channel:
+        with service_channel(addr, env, "scheduler") as channel:
             stub = pb_grpc.TelemetryAgentServiceStub(channel)
             measure("idle agent, 0 trees", None)
             for i, (pid, start) in enumerate(trees):

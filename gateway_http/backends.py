@@ -9,7 +9,7 @@ import grpc
 from fastapi import Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from libs.grpc_client import REQUEST_ID_KEY, aio_channel
+from libs.grpc_client import REQUEST_ID_KEY, ClientSecurity, aio_channel
 from libs.settings import Settings
 from taskgate.pending.v1 import pending_pb2_grpc
 from taskgate.scheduler.v1 import scheduler_pb2_grpc
@@ -31,7 +31,8 @@ class Backends:
 
     @classmethod
     def open(cls, settings: Settings) -> Backends:
-        channels = {name: aio_channel(getattr(settings, f"{name}_addr")) for name in BACKEND_NAMES}
+        security = ClientSecurity.for_identity(settings, "gateway")
+        channels = {name: aio_channel(getattr(settings, f"{name}_addr"), security) for name in BACKEND_NAMES}
         return cls(
             channels=channels,
             scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels["scheduler"]),

@@ -9,10 +9,11 @@ SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
-import signal
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -24,13 +25,18 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
+from libs import internal_auth
 from libs.errors import DomainError
 from libs.grpc_client import REQUEST_ID_KEY
+from libs.internal_auth import CallerAuth
+from libs.settings import Settings
+from libs.startup import StopSignal
 
 log = structlog.get_logger("grpc")
 
 ERROR_DOMAIN = "taskgate.dev"
-_QUIET_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+# Request ids from callers are kept only when they look like one (they end up in logs).
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 _KIND_TO_CODE = {
     "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
@@ -59,21 +65,66 @@ def _internal_status() -> grpc.Status:
     return rpc_status.to_status(status_pb2.Status(code=code_pb2.INTERNAL, message="internal error"))
 
 
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that only refuses the call."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+
+    if handler.unary_stream:
+
+        async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await context.abort(code, message)
+            yield  # pragma: no cover - makes this an async generator
+
+        return grpc.unary_stream_rpc_method_handler(
+            refuse_stream,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
 class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Caller authentication, request ids, one log line per RPC, DomainError -> status.
+
+    ``auth`` None means the server authenticates nobody at this layer: only for
+    servicer tests and the worker listener, whose calls carry a worker token.
+    """
+
+    def __init__(self, auth: CallerAuth | None) -> None:
+        self._auth = auth
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or details.method.startswith(_QUIET_PREFIXES):
+        if handler is None or internal_auth.exempt(details.method):
             return handler
         method = details.method
         metadata = dict(details.invocation_metadata or ())
-        request_id = str(metadata.get(REQUEST_ID_KEY) or uuid.uuid4().hex)[:64]
+        request_id = str(metadata.get(REQUEST_ID_KEY) or "")
+        if not REQUEST_ID_PATTERN.fullmatch(request_id):
+            request_id = uuid.uuid4().hex
+        caller = "-"
+        if self._auth is not None and internal_auth.requires_caller(method):
+            identity = self._auth.identify(metadata.get(internal_auth.AUTHORIZATION_KEY))
+            if identity is None:
+                log.warning("rpc_unauthenticated", rpc=method, request_id=request_id)
+                return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, "a valid caller credential is required")
+            if not internal_auth.allowed(identity, method):
+                log.warning("rpc_permission_denied", rpc=method, caller=identity, request_id=request_id)
+                return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {method}")
+            caller = identity
 
         def bind() -> float:
-            structlog.contextvars.bind_contextvars(request_id=request_id, rpc=method)
+            structlog.contextvars.bind_contextvars(request_id=request_id, rpc=method, caller=caller)
             return time.perf_counter()
 
         def done(start: float, code: str, error: BaseException | None = None) -> None:
@@ -82,7 +133,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 log.error("rpc_failed", code=code, duration_ms=elapsed_ms, exc_info=error)
             else:
                 log.info("rpc", code=code, duration_ms=elapsed_ms)
-            structlog.contextvars.unbind_contextvars("request_id", "rpc")
+            structlog.contextvars.unbind_contextvars("request_id", "rpc", "caller")
 
         if handler.unary_unary:
             behavior = handler.unary_unary
@@ -147,26 +198,89 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 Registrar = Callable[[grpc.aio.Server], None]
 
 
+def server_keepalive_options(keepalive_ms: int) -> list[tuple[str, int]]:
+    """The server half of ``libs.grpc_client.client_keepalive_options``: accept the
+    clients' pings (at up to twice their rate, also on a quiet stream) and ping
+    idle clients too, so a dead peer is noticed."""
+    return [
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", max(keepalive_ms // 2, 1_000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", keepalive_ms // 2),
+        ("grpc.http2.min_ping_interval_without_data_ms", keepalive_ms // 2),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+@dataclass(frozen=True)
+class ServerSecurity:
+    """Who may call (``auth``), TLS material, keep-alive — from settings in production."""
+
+    auth: CallerAuth | None
+    certificate_chain: bytes | None = None
+    private_key: bytes | None = None
+    client_ca: bytes | None = None  # set: clients must present a certificate it signed
+    keepalive_ms: int = 30_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServerSecurity:
+        auth = internal_auth.load_caller_auth(settings.secrets_path, settings.configured_secrets())
+        tls = settings.tls_cert_file is not None and settings.tls_key_file is not None
+        return cls(
+            auth=auth,
+            certificate_chain=settings.tls_cert_file.read_bytes() if tls and settings.tls_cert_file else None,
+            private_key=settings.tls_key_file.read_bytes() if tls and settings.tls_key_file else None,
+            client_ca=(
+                settings.tls_ca_file.read_bytes() if tls and settings.tls_client_auth and settings.tls_ca_file else None
+            ),
+            keepalive_ms=settings.grpc_keepalive_ms,
+        )
+
+    def __repr__(self) -> str:
+        return f"ServerSecurity(auth={self.auth is not None}, tls={self.certificate_chain is not None})"
+
+
+# Servicer tests (their calls come from the test itself) and the worker listener
+# (each call carries a worker token the servicer checks) authenticate no caller here.
+NO_CALLER_AUTH = ServerSecurity(auth=None)
+
+
 class ServiceHost:
     """A started gRPC server with health and reflection; stop() is graceful."""
 
-    def __init__(self, server: grpc.aio.Server, health: health_aio.HealthServicer, port: int) -> None:
+    def __init__(
+        self, server: grpc.aio.Server, health: health_aio.HealthServicer, port: int, names: list[str]
+    ) -> None:
         self.server = server
         self.health = health
         self.port = port
+        self.names = names
+
+    async def set_serving(self) -> None:
+        for name in ["", *self.names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float = 5.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
 
 
-async def start_server(addr: str, registrars: Iterable[Registrar], service_names: Iterable[str]) -> ServiceHost:
+async def start_server(
+    addr: str,
+    registrars: Iterable[Registrar],
+    service_names: Iterable[str],
+    *,
+    security: ServerSecurity,
+    ready: bool = True,
+) -> ServiceHost:
+    """Start serving; health says NOT_SERVING until ``set_serving`` unless ``ready``."""
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor()],
+        interceptors=[ServiceInterceptor(security.auth)],
         options=[
             # Without this, a second server on the same port binds silently.
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+            *server_keepalive_options(security.keepalive_ms),
         ],
     )
     for register in registrars:
@@ -178,40 +292,52 @@ async def start_server(addr: str, registrars: Iterable[Registrar], service_names
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
         server,
     )
-    port = server.add_insecure_port(addr)
+    if security.certificate_chain is not None and security.private_key is not None:
+        credentials = grpc.ssl_server_credentials(
+            [(security.private_key, security.certificate_chain)],
+            root_certificates=security.client_ca,
+            require_client_auth=security.client_ca is not None,
+        )
+        port = server.add_secure_port(addr, credentials)
+    else:
+        port = server.add_insecure_port(addr)
     if port == 0:
         raise RuntimeError(f"cannot listen on {addr}")
     await server.start()
+    host = ServiceHost(server, health, port, names)
     for name in ["", *names]:
-        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return ServiceHost(server, health, port)
-
-
-async def wait_for_stop_signal() -> None:
-    """Return on the first SIGTERM or SIGINT."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("stop_signal_received")
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if ready:
+        await host.set_serving()
+    return host
 
 
 async def serve(
     *,
     addr: str,
+    settings: Settings,
+    stop: StopSignal,
     registrars: Iterable[Registrar],
     service_names: Iterable[str],
     on_started: Callable[[], Awaitable[None]] | None = None,
     on_stopping: Callable[[], Awaitable[None]] | None = None,
     grace: float = 5.0,
 ) -> None:
-    """Run a service until SIGTERM/SIGINT, then shut it down gracefully."""
-    host = await start_server(addr, registrars, service_names)
-    log.info("serving", addr=addr, port=host.port)
-    if on_started:
+    """Run a service until SIGTERM/SIGINT, then shut it down gracefully.
+
+    Health says SERVING only once ``on_started`` (recovery and the like) is done;
+    a stop signal that arrived during start-up is honoured right after it.
+    """
+    host = await start_server(
+        addr, registrars, service_names, security=ServerSecurity.from_settings(settings), ready=False
+    )
+    log.info("listening", addr=addr, port=host.port, tls=settings.tls_cert_file is not None)
+    if on_started and not stop.requested:
         await on_started()
-    await wait_for_stop_signal()
+    if not stop.requested:
+        await host.set_serving()
+        log.info("serving", addr=addr, port=host.port)
+        await stop.wait()
     await host.health.enter_graceful_shutdown()
     if on_stopping:
         await on_stopping()

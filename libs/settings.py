@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "config" / "default.toml"
@@ -94,6 +94,20 @@ class Settings(_Frozen):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     rpc_timeout_ms: int = Field(10_000, ge=100)
     max_body_bytes: int = Field(256 * 1024, ge=1024)
+    # Internal gRPC: caller secrets live in secrets_dir (default <data_dir>/secrets);
+    # TASKGATE_SECRET_<IDENTITY> sets one directly (kept out of reprs and logs).
+    secrets_dir: Path | None = None
+    caller_secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    # TLS on the internal links: a server certificate and key turn it on for a
+    # service; tls_ca_file is what clients verify it with. tls_client_auth also
+    # requires clients to present that certificate (mutual TLS).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_client_auth: bool = False
+    # gRPC keep-alive ping interval; servers accept pings at twice this rate, so
+    # an idle stream (a quiet watcher) is never cut for "too many pings".
+    grpc_keepalive_ms: int = Field(30_000, ge=100)
     config_path: Path | None = None
     tasks: TaskSettings = Field(default_factory=TaskSettings)  # type: ignore[arg-type]
     workers: dict[str, WorkerProfile] = Field(default_factory=dict)
@@ -110,6 +124,13 @@ class Settings(_Frozen):
     def db_url(self, service: str) -> str:
         url: str = getattr(self, f"{service}_db_url")
         return url or f"sqlite:///{(self.data_dir / f'{service}.db').resolve()}"
+
+    @property
+    def secrets_path(self) -> Path:
+        return (self.secrets_dir or self.data_dir / "secrets").resolve()
+
+    def configured_secrets(self) -> dict[str, str]:
+        return {identity: secret.get_secret_value() for identity, secret in self.caller_secrets.items()}
 
     def agent(self, agent_id: str) -> AgentConfig:
         return self.agents.get(agent_id, AgentConfig())
@@ -132,7 +153,8 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         raise SettingsError(f"TASKGATE_CONFIG names {config_path}, which does not exist")
     raw["config_path"] = str(config_path) if config_path.exists() else None
     tasks = TaskSettings._aliases(dict(raw.get("tasks", {})))
-    top_fields = set(Settings.model_fields) - {"tasks", "workers", "agents", "config_path"}
+    top_fields = set(Settings.model_fields) - {"tasks", "workers", "agents", "config_path", "caller_secrets"}
+    caller_secrets: dict[str, str] = {}
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
@@ -141,9 +163,12 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         # contract, the CLI's URL and key) are not service settings.
         if name.startswith("tasks_"):
             tasks[name[len("tasks_") :]] = value
+        elif name.startswith("secret_"):
+            caller_secrets[name[len("secret_") :]] = value
         elif name in top_fields:
             raw[name] = value
     raw["tasks"] = tasks
+    raw["caller_secrets"] = caller_secrets
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:

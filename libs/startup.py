@@ -1,12 +1,14 @@
-"""What every process does first: settings (or a clear exit), logging, its database."""
+"""What every process does first: stop signals, settings (or a clear exit), logging, its database."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from collections.abc import Mapping
 
 from libs.db import Database
+from libs.internal_auth import SecretsMissing, load_caller_auth
 from libs.log import configure_logging, get_logger
 from libs.settings import Settings, SettingsError, load_settings
 
@@ -15,7 +17,9 @@ def boot(service: str, environ: Mapping[str, str]) -> Settings:
     """Validated settings with logging configured; exits naming each bad setting otherwise."""
     try:
         settings = load_settings(environ)
-    except SettingsError as exc:
+        # Every process calls or serves internal gRPC: without the caller secrets it cannot start.
+        load_caller_auth(settings.secrets_path, settings.configured_secrets())
+    except (SettingsError, SecretsMissing) as exc:
         sys.exit(f"{service}: {exc}")
     configure_logging(service, settings.log_level, settings.log_format)
     return settings
@@ -27,3 +31,35 @@ async def migrate(db: Database) -> None:
     get_logger("db").info(
         "database_ready", url=db.engine.url.render_as_string(hide_password=True), migrations_applied=applied
     )
+
+
+class StopSignal:
+    """SIGTERM/SIGINT, handled from a process's first moment.
+
+    Installed before settings, migrations and recovery, so a stop that arrives
+    during start-up is not the default (abrupt) death: start-up finishes its
+    current step and the process shuts down gracefully instead of serving.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    @classmethod
+    def install(cls) -> StopSignal:
+        stop = cls()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop._received, sig)
+        return stop
+
+    def _received(self, sig: signal.Signals) -> None:
+        if not self._event.is_set():
+            get_logger("startup").info("stop_signal_received", signal=sig.name)
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> None:
+        await self._event.wait()

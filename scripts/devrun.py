@@ -16,6 +16,9 @@ from pathlib import Path
 
 import httpx
 
+from libs.internal_auth import ensure_secrets
+from libs.settings import SettingsError, load_settings
+
 REPO = Path(__file__).resolve().parent.parent
 PROCESSES = [
     ("scheduler", "services.scheduler"),
@@ -43,6 +46,15 @@ def main() -> int:
     env.setdefault("TASKGATE_DATA_DIR", str(REPO / "var"))
     env.setdefault("TASKGATE_LOG_FORMAT", "console")
     Path(env["TASKGATE_DATA_DIR"]).mkdir(parents=True, exist_ok=True)
+    try:
+        settings = load_settings(env)
+    except SettingsError as exc:
+        print(f"taskgate: {exc}", file=sys.stderr)
+        return 2
+    # The internal gRPC caller secrets, made once (0600) and reused on every run.
+    created = ensure_secrets(settings.secrets_path)
+    if created:
+        print(f"taskgate: created internal caller secrets for {', '.join(created)} in {settings.secrets_path}")
     http_addr = env.get("TASKGATE_HTTP_ADDR", "127.0.0.1:8080")
     children: list[tuple[str, subprocess.Popen[bytes]]] = []
     stopping = threading.Event()

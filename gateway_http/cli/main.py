@@ -20,8 +20,10 @@ from gateway_http.cli.client import ApiFailure, RestClient
 from gateway_http.cli.tables import render_table
 from gateway_http.store import MIGRATIONS, GatewayStore
 from libs.db import Database
+from libs.grpc_client import ClientSecurity
 from libs.ids import ID_PATTERN
-from libs.settings import SettingsError, load_settings
+from libs.internal_auth import IDENTITIES, SecretsMissing, ensure_secrets, secret_file
+from libs.settings import Settings, SettingsError, load_settings
 
 TERMINAL = {"completed", "failed", "cancelled"}
 WATCH_INTERVAL_S = 3.0
@@ -46,10 +48,7 @@ def _id(kind: str) -> Callable[[str], str]:
 
 
 def _admin_db() -> Database:
-    try:
-        settings = load_settings(os.environ)
-    except SettingsError as exc:
-        raise CliError(str(exc)) from exc
+    settings = _settings()
     db = Database(settings.db_url("gateway"), MIGRATIONS)
     db.migrate()
     return db
@@ -283,8 +282,30 @@ def cmd_tasks_answer(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _settings() -> Settings:
+    try:
+        return load_settings(os.environ)
+    except SettingsError as exc:
+        raise CliError(str(exc)) from exc
+
+
 def cmd_pending_listen(args: argparse.Namespace, out: TextIO) -> int:
-    return pending.listen(args.prefix, args.addr, out, input)
+    try:
+        security = ClientSecurity.for_identity(_settings(), "frontend")
+    except SecretsMissing as exc:
+        raise CliError(str(exc)) from exc
+    return pending.listen(args.prefix, args.addr, security, out, input)
+
+
+def cmd_secrets_init(args: argparse.Namespace, out: TextIO) -> int:
+    settings = _settings()
+    created = ensure_secrets(settings.secrets_path)
+    rows = [
+        [identity, "created" if identity in created else "kept", str(secret_file(settings.secrets_path, identity))]
+        for identity in IDENTITIES
+    ]
+    print(render_table(["identity", "secret", "file (0600)"], rows), file=out)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -317,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--session", required=True, type=_id("session"))
         p.add_argument("--principal", required=True, type=_id("principal"))
         p.set_defaults(fn=fn)
+    secrets = admin_sub.add_parser("secrets", help="internal gRPC caller secrets").add_subparsers(
+        dest="action", required=True
+    )
+    secrets.add_parser("init", help="create missing caller secrets (0600) under the secrets directory").set_defaults(
+        fn=cmd_secrets_init
+    )
     mlist = members.add_parser("list")
     mlist.add_argument("--agent", type=_id("agent"))
     mlist.set_defaults(fn=cmd_members_list)

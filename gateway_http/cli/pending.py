@@ -15,16 +15,20 @@ from typing import TextIO
 
 import grpc
 
+from libs.grpc_client import ClientSecurity, sync_channel
 from taskgate.pending.v1 import pending_pb2 as pb
 from taskgate.pending.v1 import pending_pb2_grpc as pb_grpc
 
 KINDS = {pb.ENTRY_KIND_CONFIRM: "confirm", pb.ENTRY_KIND_ASK: "ask", pb.ENTRY_KIND_SECRET: "secret"}
 
 
-def listen(prefix: str, addr: str | None, out: TextIO, read_line: Callable[[str], str]) -> int:
+def listen(
+    prefix: str, addr: str | None, security: ClientSecurity, out: TextIO, read_line: Callable[[str], str]
+) -> int:
+    """Listen as the ``frontend`` caller identity (``security``) until Ctrl+C or end of input."""
     addr = addr or os.environ.get("TASKGATE_PENDING_ADDR", "127.0.0.1:50052")
     picker = f"cli@{socket.gethostname()}:{os.getpid()}"
-    with grpc.insecure_channel(addr) as channel:
+    with sync_channel(addr, security) as channel:
         stub = pb_grpc.PendingRegistryServiceStub(channel)
         stream = stub.Listen(pb.ListenRequest(prefix=prefix, listener_name=picker))
         try:

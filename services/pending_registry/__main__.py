@@ -6,11 +6,12 @@ import asyncio
 import os
 
 from libs.grpc_server import serve
-from libs.startup import boot, migrate
+from libs.startup import StopSignal, boot, migrate
 from services.pending_registry.registry import PendingRegistry
 
 
 async def main() -> None:
+    stop = StopSignal.install()
     settings = boot("pending_registry", os.environ)
     registry = PendingRegistry.open(settings.db_url("pending"))
     await migrate(registry.db)
@@ -18,6 +19,8 @@ async def main() -> None:
     try:
         await serve(
             addr=settings.pending_addr,
+            settings=settings,
+            stop=stop,
             registrars=[registry.registrar()],
             service_names=registry.service_names,
             on_stopping=registry.stop,

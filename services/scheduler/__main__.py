@@ -6,8 +6,9 @@ import asyncio
 import os
 
 from libs.db import Database
+from libs.grpc_client import ClientSecurity
 from libs.grpc_server import serve
-from libs.startup import boot, migrate
+from libs.startup import StopSignal, boot, migrate
 from services.scheduler.engine import Engine
 from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
@@ -17,11 +18,13 @@ from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
 async def main() -> None:
+    stop = StopSignal.install()
     settings = boot("scheduler", os.environ)
     db = Database(settings.db_url("scheduler"), MIGRATIONS)
     await migrate(db)
-    telemetry = TelemetryClient(settings.telemetry_addr)
-    questions = QuestionsClient(settings.pending_addr)
+    security = ClientSecurity.for_identity(settings, "scheduler")
+    telemetry = TelemetryClient(settings.telemetry_addr, security)
+    questions = QuestionsClient(settings.pending_addr, security)
     engine = Engine(settings, SchedulerStore(db), telemetry=telemetry, questions=questions)
 
     async def started() -> None:
@@ -44,6 +47,8 @@ async def main() -> None:
     try:
         await serve(
             addr=settings.scheduler_addr,
+            settings=settings,
+            stop=stop,
             registrars=[register],
             service_names=names,
             on_started=started,

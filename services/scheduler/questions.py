@@ -11,7 +11,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from libs import errors
-from libs.grpc_client import aio_channel, error_info
+from libs.grpc_client import ClientSecurity, aio_channel, error_info
 from taskgate.pending.v1 import pending_pb2 as pb
 from taskgate.pending.v1 import pending_pb2_grpc as pb_grpc
 
@@ -38,8 +38,8 @@ def _relay(exc: grpc.aio.AioRpcError) -> errors.DomainError:
 
 
 class QuestionsClient:
-    def __init__(self, addr: str) -> None:
-        self._channel = aio_channel(addr)
+    def __init__(self, addr: str, security: ClientSecurity) -> None:
+        self._channel = aio_channel(addr, security)
         self._stub = pb_grpc.PendingRegistryServiceStub(self._channel)
 
     async def ask(self, task_id: str, session_id: str, text: str, request_id: str) -> pb.Question:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 import structlog
 
-from libs.grpc_client import aio_channel
+from libs.grpc_client import ClientSecurity, aio_channel
 from services.scheduler.domain import Execution, ProcessIdentity
 from taskgate.telemetry.v1 import telemetry_pb2 as pb
 from taskgate.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
@@ -43,8 +43,8 @@ def observation_from_pb(o: pb.ExecutionObservation) -> Execution:
 
 
 class TelemetryClient:
-    def __init__(self, addr: str) -> None:
-        self._channel = aio_channel(addr)
+    def __init__(self, addr: str, security: ClientSecurity) -> None:
+        self._channel = aio_channel(addr, security)
         self._stub = pb_grpc.TelemetryAgentServiceStub(self._channel)
         self._watches: dict[str, tuple[int, int]] = {}
         self._pending: set[asyncio.Task[None]] = set()

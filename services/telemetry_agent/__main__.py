@@ -8,7 +8,7 @@ import os
 import grpc
 
 from libs.grpc_server import serve
-from libs.startup import boot
+from libs.startup import StopSignal, boot
 from services.telemetry_agent.agent import Agent
 from services.telemetry_agent.procread import ProcfsReader
 from services.telemetry_agent.sampler import Sampler
@@ -17,6 +17,7 @@ from taskgate.telemetry.v1 import telemetry_pb2_grpc
 
 
 async def main() -> None:
+    stop = StopSignal.install()
     settings = boot("telemetry_agent", os.environ)
     agent = Agent(Sampler(ProcfsReader()), settings.tasks.observation_interval_ms / 1000)
 
@@ -25,6 +26,8 @@ async def main() -> None:
 
     await serve(
         addr=settings.telemetry_addr,
+        settings=settings,
+        stop=stop,
         registrars=[register],
         service_names=[SERVICE_NAME],
         on_started=agent.start,

@@ -82,7 +82,7 @@ class Api:
 
     def wait_for(self, task_id: str, done: Callable[[pb.Task], bool], timeout_s: float = 30.0) -> dict[str, Any]:
         """Follow the scheduler's WatchTasks stream (no polling) until ``done``; return the REST snapshot."""
-        with grpc.insecure_channel(self.stack.addr("scheduler")) as channel:
+        with self.stack.channel("scheduler") as channel:
             stream = pb_grpc.SchedulerServiceStub(channel).WatchTasks(
                 pb.WatchTasksRequest(task_id=task_id), timeout=timeout_s
             )

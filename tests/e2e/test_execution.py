@@ -6,8 +6,6 @@ import json
 import time
 from collections.abc import Callable
 
-import grpc
-
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.e2e.conftest import Api
@@ -19,7 +17,7 @@ def executions(
 ) -> list[pb.Execution]:
     """The next ``count`` task.execution events of a task (observation interval is 200 ms here)."""
     seen: list[pb.Execution] = []
-    with grpc.insecure_channel(api.stack.addr("scheduler")) as channel:
+    with api.stack.channel("scheduler") as channel:
         stream = pb_grpc.SchedulerServiceStub(channel).WatchTasks(
             pb.WatchTasksRequest(task_id=task_id), timeout=timeout_s
         )

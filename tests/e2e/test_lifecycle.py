@@ -215,7 +215,7 @@ def test_worker_reports_need_the_current_token(api: Api, tmp_path: Path) -> None
     task = api.create("leaks its token", profile="behave", instructions=steps({"write_token": str(token_file)}))
     api.wait_state(task["taskId"], "completed")
     stale = token_file.read_text()
-    with grpc.insecure_channel(api.stack.addr("scheduler")) as channel:
+    with api.stack.channel("scheduler") as channel:
         stub = pb_grpc.WorkerServiceStub(channel)
         with pytest.raises(grpc.RpcError) as err:
             stub.ReportProgress(
@@ -223,7 +223,7 @@ def test_worker_reports_need_the_current_token(api: Api, tmp_path: Path) -> None
             )
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, "a finished attempt's token is stale"
     assert "progress" not in api.get(task["taskId"])
-    with grpc.insecure_channel(api.stack.addr("scheduler")) as channel:
+    with api.stack.channel("scheduler") as channel:
         stub = pb_grpc.WorkerServiceStub(channel)
         with pytest.raises(grpc.RpcError) as err:
             stub.ReportProgress(

@@ -27,6 +27,7 @@ from taskgate.pending.v1 import pending_pb2 as pb
 from taskgate.pending.v1 import pending_pb2_grpc as pb_grpc
 from tests.support.postgres import fresh_database
 from tests.support.procs import ServiceProcess, free_port
+from tests.support.procs import channel as service_channel
 
 pytestmark = pytest.mark.e2e
 R = TypeVar("R")
@@ -53,7 +54,7 @@ class Registry:
         if db_url:
             env["TASKGATE_PENDING_DB_URL"] = db_url
         self.proc = ServiceProcess("services.pending_registry", env, tmp_path / "pending.log", self.addr)
-        self.channel = grpc.insecure_channel(self.addr)
+        self.channel = service_channel(self.addr, env)
         self.stub = pb_grpc.PendingRegistryServiceStub(self.channel)
 
     def start(self) -> Registry:

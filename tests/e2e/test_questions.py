@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 
-import grpc
 import pytest
 
 from taskgate.pending.v1 import pending_pb2 as ppb
@@ -104,7 +103,7 @@ def test_a_resumed_worker_gets_the_answer_saved_while_it_was_down(stack: Stack, 
     task = asking(api, "what now?")
     qid = task["pendingQuestion"]["questionId"]
     stack.procs["scheduler"].stop()  # graceful: the worker is stopped, the task re-queued for resumption
-    with grpc.insecure_channel(stack.addr("pending")) as channel:
+    with stack.channel("pending") as channel:
         ppb_grpc.PendingRegistryServiceStub(channel).AnswerQuestion(
             ppb.AnswerQuestionRequest(
                 task_id=task["taskId"], question_id=qid, answer="carry on", answered_by="chat-bot"
@@ -154,7 +153,7 @@ def test_pending_listen_claims_and_answers_entries(stack: Stack) -> None:
     try:
         assert proc.stdout is not None and proc.stdin is not None
         assert "listening" in proc.stdout.readline()
-        with grpc.insecure_channel(stack.addr("pending")) as channel:
+        with stack.channel("pending", "frontend") as channel:
             stub = ppb_grpc.PendingRegistryServiceStub(channel)
             assert stub.HasListener(ppb.HasListenerRequest(origin="cli-"), timeout=10).has_listener
             result: dict[str, str] = {}
@@ -185,7 +184,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _question_state(stack: Stack, question_id: str) -> int:
-    with grpc.insecure_channel(stack.addr("pending")) as channel:
+    with stack.channel("pending") as channel:
         stub = ppb_grpc.PendingRegistryServiceStub(channel)
         return stub.GetQuestion(ppb.GetQuestionRequest(question_id=question_id), timeout=10).question.state
 
@@ -204,7 +203,7 @@ def test_pause_keeps_the_question_and_user_cancel_closes_it(stack: Stack, api: A
 
     paused = asking(api, "keep me?", title="paused")
     cancelled = asking(api, "drop me?", title="user-cancelled")
-    with grpc.insecure_channel(stack.addr("scheduler")) as channel:
+    with stack.channel("scheduler") as channel:
         stub = pb_grpc.SchedulerServiceStub(channel)
         stub.CancelTask(pb.CancelTaskRequest(task_id=paused["taskId"], cause="paused"), timeout=30)
     api.request("POST", f"/tasks/{cancelled['taskId']}/cancel")

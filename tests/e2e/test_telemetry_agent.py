@@ -15,6 +15,7 @@ from libs import proctree
 from taskgate.telemetry.v1 import telemetry_pb2 as pb
 from taskgate.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
 from tests.support.procs import ServiceProcess, free_port
+from tests.support.procs import channel as service_channel
 
 pytestmark = pytest.mark.e2e
 
@@ -49,11 +50,15 @@ def _first(stream: grpc.Future, task_id: str, deadline_s: float = 15.0) -> pb.Ex
 def test_agent_process_serves_observations_and_restarts_empty(tmp_path: Path, sleeper: tuple[int, int]) -> None:
     pid, start = sleeper
     addr = f"127.0.0.1:{free_port()}"
-    env = {"TASKGATE_TELEMETRY_ADDR": addr, "TASKGATE_TASKS_OBSERVATION_INTERVAL_MS": "150"}
+    env = {
+        "TASKGATE_TELEMETRY_ADDR": addr,
+        "TASKGATE_TASKS_OBSERVATION_INTERVAL_MS": "150",
+        "TASKGATE_DATA_DIR": str(tmp_path / "data"),
+    }
     agent = ServiceProcess("services.telemetry_agent", env, tmp_path / "agent.log", addr)
     agent.start()
     try:
-        with grpc.insecure_channel(addr) as channel:
+        with service_channel(addr, env, "scheduler") as channel:
             stub = pb_grpc.TelemetryAgentServiceStub(channel)
             stream = stub.StreamObservations(pb.StreamObservationsRequest(), timeout=30)
             stream.initial_metadata()
@@ -70,7 +75,7 @@ def test_agent_process_serves_observations_and_restarts_empty(tmp_path: Path, sl
                     next(stream)
 
         agent.start()  # same address, fresh process: nothing was persisted
-        with grpc.insecure_channel(addr) as channel:
+        with service_channel(addr, env, "scheduler") as channel:
             stub = pb_grpc.TelemetryAgentServiceStub(channel)
             assert list(stub.ListWatches(pb.ListWatchesRequest(), timeout=5).watches) == []
             stream = stub.StreamObservations(pb.StreamObservationsRequest(), timeout=30)

@@ -14,7 +14,23 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from libs.grpc_client import ClientSecurity, sync_channel
+from libs.internal_auth import ensure_secrets
+from libs.settings import load_settings
+
 REPO = Path(__file__).resolve().parents[2]
+
+
+def client_security(env: Mapping[str, str], identity: str = "operator") -> ClientSecurity:
+    """The credential of ``identity`` for services started with ``env`` (their secrets directory)."""
+    settings = load_settings(env)
+    ensure_secrets(settings.secrets_path)
+    return ClientSecurity.for_identity(settings, identity)
+
+
+def channel(addr: str, env: Mapping[str, str], identity: str = "operator") -> grpc.Channel:
+    """A sync channel to a service started with ``env``, calling as ``identity``."""
+    return sync_channel(addr, client_security(env, identity))
 
 
 def free_port() -> int:
@@ -53,6 +69,7 @@ class ServiceProcess:
 
     def start(self, wait: bool = True) -> ServiceProcess:
         full_env = {**os.environ, **self.env, "TASKGATE_LOG_FORMAT": "json"}
+        ensure_secrets(load_settings(full_env).secrets_path)  # as `make run` does on first use
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's exit
         self.proc = subprocess.Popen(

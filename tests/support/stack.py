@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 
-from tests.support.procs import REPO, ServiceProcess, free_port
+from tests.support.procs import REPO, ServiceProcess, channel, free_port
 
 BEHAVE = REPO / "tests" / "workers" / "behave.py"
 
@@ -59,6 +60,10 @@ class Stack:
 
     def addr(self, name: str) -> str:
         return self.env[dict((n, e) for n, _, e in SERVICES)[name]]
+
+    def channel(self, name: str, identity: str = "operator") -> grpc.Channel:
+        """A sync gRPC channel to one service, calling as ``identity`` (operator: the local admin)."""
+        return channel(self.addr(name), self.env, identity)
 
     def start(self) -> Stack:
         for name, module, env_name in SERVICES:

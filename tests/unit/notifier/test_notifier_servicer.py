@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from libs.db import Database
-from libs.grpc_server import start_server
+from libs.grpc_server import NO_CALLER_AUTH, start_server
 from services.notifier.servicer import NotifierServicer
 from services.notifier.store import MIGRATIONS, NotifierStore
 from taskgate.notifier.v1 import notifier_pb2 as pb
@@ -21,7 +21,12 @@ async def stub(tmp_path: Path) -> AsyncIterator[pb_grpc.NotifierServiceStub]:
     db = Database(f"sqlite:///{tmp_path / 'n.db'}", MIGRATIONS)
     db.migrate()
     servicer = NotifierServicer(NotifierStore(db))
-    host = await start_server("127.0.0.1:0", [lambda s: pb_grpc.add_NotifierServiceServicer_to_server(servicer, s)], [])
+    host = await start_server(
+        "127.0.0.1:0",
+        [lambda s: pb_grpc.add_NotifierServiceServicer_to_server(servicer, s)],
+        [],
+        security=NO_CALLER_AUTH,
+    )
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{host.port}")
     yield pb_grpc.NotifierServiceStub(channel)
     await channel.close()

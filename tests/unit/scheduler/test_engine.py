@@ -17,7 +17,7 @@ import pytest
 
 from libs import proctree
 from libs.db import Database
-from libs.grpc_server import ServiceHost, start_server
+from libs.grpc_server import NO_CALLER_AUTH, ServiceHost, start_server
 from libs.settings import Settings, TaskSettings, WorkerProfile
 from services.scheduler.domain import NewTask, State, Task
 from services.scheduler.engine import Engine
@@ -104,7 +104,7 @@ async def start_harness(tmp_path: Path, db: Database | None = None, **tasks: int
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
         scheduler_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine), server)
 
-    host = await start_server(settings.scheduler_addr, [register], [])
+    host = await start_server(settings.scheduler_addr, [register], [], security=NO_CALLER_AUTH)
     await engine.start(run_loops=False)
     return Harness(engine, clock, host, db)
 

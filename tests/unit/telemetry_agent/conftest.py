@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from libs import proctree
-from libs.grpc_server import ServiceHost, start_server
+from libs.grpc_server import NO_CALLER_AUTH, ServiceHost, start_server
 from services.telemetry_agent.agent import Agent
 from services.telemetry_agent.procread import ProcfsReader
 from services.telemetry_agent.sampler import Reader, Sampler
@@ -188,7 +188,7 @@ async def make_agent() -> AsyncIterator[AgentFactory]:
         def register(server: grpc.aio.Server) -> None:
             pb_grpc.add_TelemetryAgentServiceServicer_to_server(TelemetryAgentServicer(agent), server)
 
-        host = await start_server("127.0.0.1:0", [register], [SERVICE_NAME])
+        host = await start_server("127.0.0.1:0", [register], [SERVICE_NAME], security=NO_CALLER_AUTH)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{host.port}")
         client = AgentClient(agent, host, channel, pb_grpc.TelemetryAgentServiceStub(channel))
         made.append((client, []))
