@@ -5,8 +5,8 @@ WORKDIR /app
 COPY requirements.lock pyproject.toml README.md ./
 RUN pip install --no-cache-dir -r requirements.lock
 COPY . .
-RUN pip install --no-cache-dir --no-deps -e . && useradd --create-home taskgate && mkdir -p /data \
-    && chown taskgate /data
+RUN pip install --no-cache-dir --no-deps -e . && useradd --create-home --uid 10001 taskgate \
+    && mkdir -p /data /run/taskgate/secrets && chown taskgate /data /run/taskgate/secrets
 USER taskgate
 ENV TASKGATE_DATA_DIR=/data TASKGATE_LOG_FORMAT=json
 # Overridden per service in docker-compose.yml.

@@ -41,6 +41,20 @@ def client_keepalive_options(keepalive_ms: int) -> list[tuple[str, int]]:
     ]
 
 
+def tls_client_material(settings: Settings) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """(CA to verify servers with, client key, client certificate) — all None without TLS."""
+
+    def read(path: Path | None) -> bytes | None:
+        return path.read_bytes() if path is not None else None
+
+    client_auth = settings.tls_client_auth
+    return (
+        read(settings.tls_ca_file),
+        read(settings.tls_key_file) if client_auth else None,
+        read(settings.tls_cert_file) if client_auth else None,
+    )
+
+
 @dataclass(frozen=True)
 class ClientSecurity:
     """How one caller identity reaches the internal services: its secret, TLS, keep-alive."""
@@ -61,16 +75,13 @@ class ClientSecurity:
                 f"TASKGATE_SECRET_{identity.upper()}; create it with `taskgate admin secrets init`"
             )
 
-        def read(path: Path | None) -> bytes | None:
-            return path.read_bytes() if path is not None else None
-
-        client_auth = settings.tls_client_auth
+        root, key, chain = tls_client_material(settings)
         return cls(
             identity=identity,
             secret=secret,
-            root_certificates=read(settings.tls_ca_file),
-            private_key=read(settings.tls_key_file) if client_auth else None,
-            certificate_chain=read(settings.tls_cert_file) if client_auth else None,
+            root_certificates=root,
+            private_key=key,
+            certificate_chain=chain,
             keepalive_ms=settings.grpc_keepalive_ms,
         )
 

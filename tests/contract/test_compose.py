@@ -26,3 +26,18 @@ def test_compose_names_every_service_and_postgres() -> None:
             assert env[f"TASKGATE_{db}_DB_URL"].startswith("postgresql://")
     assert services["gateway-http"]["ports"] == ["127.0.0.1:8080:8080"]
     assert (REPO / "Dockerfile").exists() and (REPO / "deploy" / "postgres-init.sql").exists()
+
+
+def test_compose_turns_on_internal_tls_secrets_and_healthchecks() -> None:
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    assert services["init"]["command"][-3:] == ["admin", "secrets", "init"]
+    for name in MODULES:
+        service = services[name]
+        env = service["environment"]
+        assert env["TASKGATE_TLS_CLIENT_AUTH"] == "true", name
+        for key in ("TASKGATE_TLS_CERT_FILE", "TASKGATE_TLS_KEY_FILE", "TASKGATE_TLS_CA_FILE", "TASKGATE_SECRETS_DIR"):
+            assert env[key].startswith("/run/taskgate/"), (name, key)
+        assert any(v.startswith("secrets:/run/taskgate/secrets") for v in service["volumes"]), name
+        assert service["restart"] == "unless-stopped", name
+        assert service["healthcheck"]["test"], name
+        assert service["depends_on"]["init"]["condition"] == "service_completed_successfully", name
