@@ -1,7 +1,10 @@
-"""`make run`: start all five taskgate processes, prefix their logs, stop them together.
+"""`make run`: start all five taskgate processes, prefix their logs, keep them up.
 
-Exits non-zero as soon as one child dies; Ctrl+C or SIGTERM stops every child
-(SIGTERM first, SIGKILL after a grace).
+A service that dies is restarted after a backoff (0.25 s, doubling, at most 4 s;
+back to 0.25 s once it has stayed up for 30 s), with a log line each time. A
+service that dies 5 times within 60 s keeps dying: everything is stopped and
+`make run` exits 1. Ctrl+C or SIGTERM stops every child (SIGTERM first, SIGKILL
+after a grace) and exits 0.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -29,7 +34,17 @@ PROCESSES = [
 ]
 COLORS = ["36", "35", "33", "32", "34"]
 STOP_GRACE_S = 15.0
+BACKOFF_INITIAL_S = 0.25
+BACKOFF_MAX_S = 4.0
+STABLE_AFTER_S = 30.0
+GIVE_UP_DEATHS = 5
+GIVE_UP_WINDOW_S = 60.0
 _print_lock = threading.Lock()
+
+
+def _say(text: str) -> None:
+    with _print_lock:
+        print(f"taskgate: {text}", file=sys.stderr, flush=True)
 
 
 def _pump(name: str, color: str, stream: object) -> None:
@@ -41,6 +56,70 @@ def _pump(name: str, color: str, stream: object) -> None:
             sys.stdout.flush()
 
 
+@dataclass
+class Child:
+    """One supervised service: its process, its restart schedule and its recent deaths."""
+
+    name: str
+    module: str
+    color: str
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restart_at: float | None = None
+    backoff_s: float = BACKOFF_INITIAL_S
+    deaths: deque[float] = field(default_factory=deque)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl+C reaches us only; we stop the children in order
+        )
+        self.started_at = time.monotonic()
+        self.restart_at = None
+        threading.Thread(target=_pump, args=(self.name, self.color, self.proc.stdout), daemon=True).start()
+
+    def check(self, now: float) -> bool:
+        """Restart when due; False once it keeps dying."""
+        if self.restart_at is not None:
+            if now >= self.restart_at:
+                _say(f"restarting {self.name}")
+                self.start()
+            return True
+        if self.proc is None or self.proc.poll() is None:
+            return True
+        if now - self.started_at >= STABLE_AFTER_S:
+            self.backoff_s = BACKOFF_INITIAL_S
+        self.deaths.append(now)
+        while self.deaths and now - self.deaths[0] > GIVE_UP_WINDOW_S:
+            self.deaths.popleft()
+        if len(self.deaths) >= GIVE_UP_DEATHS:
+            _say(f"{self.name} died {len(self.deaths)} times within {GIVE_UP_WINDOW_S:.0f} s; stopping everything")
+            return False
+        _say(f"{self.name} exited with code {self.proc.returncode}; restarting in {self.backoff_s:.2f} s")
+        self.restart_at = now + self.backoff_s
+        self.backoff_s = min(self.backoff_s * 2, BACKOFF_MAX_S)
+        return True
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, deadline: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _say(f"{self.name} did not stop in {STOP_GRACE_S:.0f}s; killing it")
+            self.proc.kill()
+            self.proc.wait()
+
+
 def main() -> int:
     env = dict(os.environ)
     env.setdefault("TASKGATE_DATA_DIR", str(REPO / "var"))
@@ -49,14 +128,13 @@ def main() -> int:
     try:
         settings = load_settings(env)
     except SettingsError as exc:
-        print(f"taskgate: {exc}", file=sys.stderr)
+        _say(str(exc))
         return 2
     # The internal gRPC caller secrets, made once (0600) and reused on every run.
     created = ensure_secrets(settings.secrets_path)
     if created:
-        print(f"taskgate: created internal caller secrets for {', '.join(created)} in {settings.secrets_path}")
+        _say(f"created internal caller secrets for {', '.join(created)} in {settings.secrets_path}")
     http_addr = env.get("TASKGATE_HTTP_ADDR", "127.0.0.1:8080")
-    children: list[tuple[str, subprocess.Popen[bytes]]] = []
     stopping = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -65,27 +143,17 @@ def main() -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
-    for (name, module), color in zip(PROCESSES, COLORS, strict=True):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl+C reaches us only; we stop the children in order
-        )
-        children.append((name, proc))
-        threading.Thread(target=_pump, args=(name, color, proc.stdout), daemon=True).start()
+    children = [Child(name, module, color, env) for (name, module), color in zip(PROCESSES, COLORS, strict=True)]
+    for child in children:
+        child.start()
 
     url = f"http://{http_addr}"
     ready = False
     exit_code = 0
     deadline = time.monotonic() + 60
     while not stopping.is_set():
-        dead = [(n, p.returncode) for n, p in children if p.poll() is not None]
-        if dead:
-            for name, code in dead:
-                print(f"taskgate: {name} exited with code {code}; stopping the others", file=sys.stderr)
+        now = time.monotonic()
+        if not all(child.check(now) for child in children):
             exit_code = 1
             break
         if not ready:
@@ -104,21 +172,15 @@ def main() -> int:
                     flush=True,
                 )
             elif time.monotonic() > deadline:
-                print("taskgate: /healthz did not reach 200 within 60 s; still waiting", file=sys.stderr)
+                _say("/healthz did not reach 200 within 60 s; still waiting")
                 deadline = float("inf")
         time.sleep(0.2)
 
-    for _, proc in reversed(children):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+    for child in reversed(children):
+        child.stop()
     end = time.monotonic() + STOP_GRACE_S
-    for name, proc in children:
-        try:
-            proc.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"taskgate: {name} did not stop in {STOP_GRACE_S:.0f}s; killing it", file=sys.stderr)
-            proc.kill()
-            proc.wait()
+    for child in children:
+        child.wait(end)
     return exit_code
 
 

@@ -1,4 +1,5 @@
-"""`make run`'s supervisor (scripts/devrun.py): all five up, Ctrl+C stops them all, a dead child fails it."""
+"""`make run`'s supervisor (scripts/devrun.py): all five up, Ctrl+C stops them all, a dead
+child is restarted, one that keeps dying fails it."""
 
 from __future__ import annotations
 
@@ -63,16 +64,48 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
             proc.kill()
 
 
-def test_a_dying_child_stops_the_rest_and_fails(tmp_path: Path) -> None:
+def _is_notifier(process: psutil.Process) -> bool:
+    try:
+        return "services.notifier" in " ".join(process.cmdline())
+    except psutil.Error:  # already exited, not yet reaped
+        return False
+
+
+def _notifier(children: list[psutil.Process]) -> psutil.Process:
+    return next(c for c in children if _is_notifier(c))
+
+
+def test_a_dead_child_is_restarted_and_one_that_keeps_dying_fails_it(tmp_path: Path) -> None:
     proc, url, _ = start_devrun(tmp_path)
     try:
         wait_until_up(proc, url)
-        children = service_children(proc)
-        victim = next(c for c in children if "services.notifier" in " ".join(c.cmdline()))
+        victim = _notifier(service_children(proc))
         victim.kill()
+        deadline = time.monotonic() + 30
+        while True:  # a new notifier process, and the system healthy again
+            assert proc.poll() is None, "devrun gave up after one death"
+            children = service_children(proc)
+            fresh = [c for c in children if _is_notifier(c) and c.pid != victim.pid]
+            healthy = httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+            if fresh and healthy and len(children) == 5:
+                break
+            assert time.monotonic() < deadline, "the notifier was not restarted"
+            time.sleep(0.2)
+        # Now it keeps dying: killed as soon as it is back, five times within the minute.
+        killed = {victim.pid}
+        others = [c for c in service_children(proc) if not _is_notifier(c)]
+        deadline = time.monotonic() + 60
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "devrun did not give up on a service that keeps dying"
+            for child in service_children(proc):
+                if _is_notifier(child) and child.pid not in killed:
+                    killed.add(child.pid)
+                    child.kill()
+            time.sleep(0.05)
         assert proc.wait(timeout=60) == 1
-        _, alive = psutil.wait_procs(children, timeout=10)
-        assert not alive
+        assert len(killed) == 5
+        _, alive = psutil.wait_procs(others, timeout=10)
+        assert not alive, "the other services were stopped too"
     finally:
         if proc.poll() is None:
             proc.kill()
