@@ -2,7 +2,9 @@
 
 - the worker profiles a task may name (the gateway refuses others before any backend is asked);
 - no 422 answers: validation errors are 400 ``{error, message}`` here (``errors.validation_error_handler``);
-- error answers as JSON on streaming routes too;
+- error answers as JSON on streaming routes too, and on every authenticated operation the error
+  statuses any of them can give (a route that declares fewer still gets them documented);
+- the ``X-Request-Id`` header on every answer;
 - links from a created task to the operations on it, so clients and fuzzers follow real ids.
 """
 
@@ -13,6 +15,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from gateway_http.errors import DESCRIPTIONS
+from gateway_http.middleware import CLIENT_REQUEST_ID
 from libs.settings import Settings
 
 
@@ -24,6 +28,8 @@ def install(app: FastAPI, settings: Settings) -> None:
             doc = generate()
             _drop_422(doc)
             _errors_as_json(doc)
+            _api_errors(doc)
+            _request_id_header(doc)
             _profile_enum(doc, sorted(settings.workers))
             _task_links(doc)
             app.openapi_schema = doc
@@ -50,6 +56,41 @@ def _errors_as_json(doc: dict[str, Any]) -> None:
                 content = response.get("content", {})
                 if status[0] in "45" and "application/json" not in content and content:
                     response["content"] = {"application/json": next(iter(content.values()))}
+
+
+ERROR_BODY = {"$ref": "#/components/schemas/ErrorBody"}
+
+
+def _api_errors(doc: dict[str, Any]) -> None:
+    for path, operations in doc.get("paths", {}).items():
+        for operation in operations.values():
+            if not operation.get("security"):
+                continue
+            statuses = {400, 401, 403, 429, 500, 501, 503, 504}
+            if "{" in path:
+                statuses.add(404)
+            if path.startswith("/api/v1/agents/"):
+                statuses.add(409)  # ORCHESTRATION_DISABLED
+            if "requestBody" in operation:
+                statuses.add(413)
+            responses = operation.setdefault("responses", {})
+            for status in sorted(statuses):
+                responses.setdefault(
+                    str(status),
+                    {"description": DESCRIPTIONS[status], "content": {"application/json": {"schema": ERROR_BODY}}},
+                )
+
+
+def _request_id_header(doc: dict[str, Any]) -> None:
+    header = {
+        "description": "the request's id: the client's X-Request-Id when well formed, else a new one",
+        "required": True,
+        "schema": {"type": "string", "pattern": f"^{CLIENT_REQUEST_ID.pattern}$"},
+    }
+    for operations in doc.get("paths", {}).values():
+        for operation in operations.values():
+            for response in operation.get("responses", {}).values():
+                response.setdefault("headers", {})["X-Request-Id"] = header
 
 
 def _profile_enum(doc: dict[str, Any], profiles: list[str]) -> None:

@@ -95,3 +95,18 @@ def test_created_tasks_link_to_their_operations(document: dict[str, Any]) -> Non
     assert len(created["links"]) == 4
     for link in created["links"].values():
         assert link["parameters"]["taskId"] == "$response.body#/task/taskId"
+
+
+def test_every_answer_documents_the_request_id_header(document: dict[str, Any]) -> None:
+    for path, method, op in operations(document):
+        for response in op["responses"].values():
+            header = response["headers"]["X-Request-Id"]
+            assert header["required"] and header["schema"]["pattern"] == "^[A-Za-z0-9._:-]{1,64}$", (method, path)
+
+
+def test_every_api_operation_documents_the_backend_errors(document: dict[str, Any]) -> None:
+    for path, method, op in operations(document):
+        if path.startswith(API_PREFIXES):
+            assert {"400", "401", "403", "500", "503", "504"} <= set(op["responses"]), (method, path)
+            if "requestBody" in op:
+                assert "413" in op["responses"], (method, path)
