@@ -61,7 +61,8 @@ DESCRIPTIONS = {
     403: "No access to the agent, not a member of the session, a task of another session, "
     "a stale or answered question, or a tool the key may not use",
     404: "No such task or pending snapshot",
-    409: "ORCHESTRATION_DISABLED for the agent, or a conflicting change",
+    409: "ORCHESTRATION_DISABLED for the agent, or the request names a task that does not exist "
+    "(REPLACEMENT_NOT_FOUND)",
     413: "The request body exceeds the configured bound",
     429: "A backend is out of a resource; try again later",
     500: "Internal error (nothing is leaked)",

@@ -147,9 +147,15 @@ async def cancel_task(
     await owned_task(request, caller, taskId)
     replaced_by = body.replacedByTaskId if body else None
     if replaced_by:
-        replacement = await owned_task(request, caller, replaced_by)
-        if replacement.task_id == taskId:
+        if replaced_by == taskId:
             raise ApiError(400, "INVALID_ARGUMENT", "a task cannot replace itself")
+        try:
+            await owned_task(request, caller, replaced_by)
+        except grpc.aio.AioRpcError as exc:
+            # The task at the URL exists (404 would say it does not): the reference in the body is what fails.
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise ApiError(409, "REPLACEMENT_NOT_FOUND", "replacedByTaskId names no task") from exc
+            raise
     backends = _backends(request)
     reply = await backends.scheduler.CancelTask(
         pb.CancelTaskRequest(task_id=taskId, cause="user_canceled", replaced_by_task_id=replaced_by or ""),

@@ -110,3 +110,14 @@ def test_the_session_task_is_the_agents(stack: Stack, api: Api) -> None:
         f"{stack.http_url}/v1/session/tg-empty/task", headers={"Authorization": f"Bearer {carol}"}, timeout=10
     )
     assert response.status_code == 404 and response.json()["error"] == "PENDING_TASK_NOT_FOUND"
+
+
+def test_a_cancel_naming_an_unknown_replacement_is_409(api: Api) -> None:
+    task = api.create("to replace", profile="sleeper")
+    response = api.request("POST", f"/tasks/{task['taskId']}/cancel", json={"replacedByTaskId": "0" * 32})
+    assert response.status_code == 409 and response.json()["error"] == "REPLACEMENT_NOT_FOUND"
+    assert api.get(task["taskId"])["state"] in ("queued", "running")  # nothing was cancelled
+    response = api.request("POST", f"/tasks/{task['taskId']}/cancel", json={"replacedByTaskId": task["taskId"]})
+    assert response.status_code == 400
+    assert api.request("POST", f"/tasks/{task['taskId']}/cancel").status_code == 200
+    api.wait_state(task["taskId"], "cancelled")
