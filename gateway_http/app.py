@@ -10,13 +10,21 @@ import grpc
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
-from gateway_http import errors
+from gateway_http import errors, openapi
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
 from gateway_http.routes import health, sessions, tasks
 from gateway_http.store import GatewayStore
 from libs.settings import Settings
+
+
+class GatewayApp(FastAPI):
+    def build_middleware_stack(self) -> ASGIApp:
+        # Outside everything FastAPI adds (its body-size limit included), so every
+        # answer carries the request id and every error the {error, message} shape.
+        return RequestContextMiddleware(super().build_middleware_stack(), self.max_body_size)
 
 
 def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
@@ -29,15 +37,26 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
         finally:
             await app.state.backends.close()
 
-    app = FastAPI(title="taskgate", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app = GatewayApp(
+        title="taskgate",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        # FastAPI's own limit: counts the bytes of chunked bodies too, not only Content-Length.
+        max_body_size=settings.max_body_bytes,
+        # One schema per model: optional response fields are omitted, not required-and-null.
+        separate_input_output_schemas=False,
+    )
     app.state.settings = settings
     app.state.store = store
     app.add_exception_handler(errors.ApiError, errors.api_error_handler)
     app.add_exception_handler(grpc.aio.AioRpcError, errors.rpc_error_handler)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
+    app.add_exception_handler(Exception, errors.unhandled_error_handler)
     app.include_router(health.router)
     app.include_router(tasks.router)
     app.include_router(sessions.router)
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+    openapi.install(app, settings)
     return app

@@ -5,14 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gateway_http.errors import ApiError
+from gateway_http.schemas import AgentIdPath, SessionIdPath
 from gateway_http.store import ApiKey, GatewayStore
 from libs.ids import ID_PATTERN
 from libs.settings import Settings
 
 MAX_KEY_CHARS = 200
+# Declares the bearer scheme in /openapi.json; the checks (and their 401 shape) are ours.
+BEARER = HTTPBearer(auto_error=False, scheme_name="apiKey", description="Authorization: Bearer <API key>")
 
 
 @dataclass(frozen=True)
@@ -26,11 +30,11 @@ class Caller:
             raise ApiError(403, "TOOL_ACCESS_DENIED", f"this API key may not use {tool}")
 
 
-async def api_key(request: Request) -> ApiKey:
-    header = request.headers.get("authorization", "")
-    scheme, _, secret = header.partition(" ")
-    secret = secret.strip()
-    if scheme.lower() != "bearer" or not secret:
+async def api_key(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
+) -> ApiKey:
+    secret = credentials.credentials.strip() if credentials is not None else ""
+    if not secret:
         raise ApiError(401, "UNAUTHENTICATED", "send 'Authorization: Bearer <api key>'")
     store: GatewayStore = request.app.state.store
     key = await store.authenticate(secret) if len(secret) <= MAX_KEY_CHARS else None
@@ -39,22 +43,25 @@ async def api_key(request: Request) -> ApiKey:
     return key
 
 
+KeyDep = Annotated[ApiKey, Depends(api_key)]
+
+
 def check_id(kind: str, value: str) -> str:
-    if not ID_PATTERN.match(value):
+    if not ID_PATTERN.fullmatch(value):
         raise ApiError(400, "INVALID_ID", f"{kind} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'")
     return value
 
 
-async def session_caller(
-    request: Request, agentId: str, sessionId: str, key: Annotated[ApiKey, Depends(api_key)]
-) -> Caller:
-    check_id("agentId", agentId)
-    check_id("sessionId", sessionId)
-    if agentId not in key.agents:
+async def require_member(request: Request, key: ApiKey, agent_id: str, session_id: str) -> None:
+    if agent_id not in key.agents:
         raise ApiError(403, "AGENT_ACCESS_DENIED", "this API key has no access to the agent")
     store: GatewayStore = request.app.state.store
-    if not await store.member(agentId, sessionId, key.principal):
+    if not await store.member(agent_id, session_id, key.principal):
         raise ApiError(403, "NOT_A_MEMBER", "the key's principal is not a member of this session")
+
+
+async def session_caller(request: Request, agentId: AgentIdPath, sessionId: SessionIdPath, key: KeyDep) -> Caller:
+    await require_member(request, key, agentId, sessionId)
     settings: Settings = request.app.state.settings
     if not settings.agent(agentId).orchestration_enabled:
         raise ApiError(409, "ORCHESTRATION_DISABLED", "orchestration is disabled for this agent")
@@ -62,3 +69,16 @@ async def session_caller(
 
 
 SessionCaller = Annotated[Caller, Depends(session_caller)]
+
+
+def key_agent(key: ApiKey, requested: str | None) -> str:
+    """The agent a path without one means: the one named, else the key's only agent."""
+    if requested is not None:
+        if requested not in key.agents:
+            raise ApiError(403, "AGENT_ACCESS_DENIED", "this API key has no access to the agent")
+        return requested
+    if len(key.agents) == 1:
+        return key.agents[0]
+    if not key.agents:
+        raise ApiError(403, "AGENT_ACCESS_DENIED", "this API key has access to no agent")
+    raise ApiError(400, "AGENT_AMBIGUOUS", "this API key has access to several agents: name one with ?agentId=")

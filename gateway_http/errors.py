@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
 import grpc
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway_http.schemas import ErrorBody
 from libs.grpc_client import error_info
+from libs.log import get_logger
+
+log = get_logger("gateway_http.errors")
 
 GRPC_TO_HTTP = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -24,6 +33,48 @@ GRPC_TO_HTTP = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.UNIMPLEMENTED: 501,
 }
+# Reasons for errors raised by the HTTP layer itself (routing, the body-size limit).
+STATUS_REASONS = {
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    406: "NOT_ACCEPTABLE",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    500: "INTERNAL",
+}
+# The reason for a malformed parameter or body field, by its name; anything else is INVALID_ARGUMENT.
+FIELD_REASONS = {
+    "agentId": "INVALID_ID",
+    "sessionId": "INVALID_ID",
+    "taskId": "INVALID_ID",
+    "questionId": "INVALID_ID",
+    "replacedByTaskId": "INVALID_ID",
+    "requestId": "INVALID_ID",
+    "page": "INVALID_PAGINATION",
+    "page_size": "INVALID_PAGINATION",
+    "all": "INVALID_PAGINATION",
+}
+# What each documented status means, for the OpenAPI document.
+DESCRIPTIONS = {
+    400: "Invalid ids, pagination, query or body (INVALID_ID, INVALID_PAGINATION, INVALID_JSON, UNKNOWN_PROFILE, …)",
+    401: "Missing, unknown or revoked API key",
+    403: "No access to the agent, not a member of the session, a task of another session, "
+    "a stale or answered question, or a tool the key may not use",
+    404: "No such task or pending snapshot",
+    409: "ORCHESTRATION_DISABLED for the agent, or the request names a task that does not exist "
+    "(REPLACEMENT_NOT_FOUND)",
+    413: "The request body exceeds the configured bound",
+    429: "A backend is out of a resource; try again later",
+    500: "Internal error (nothing is leaked)",
+    501: "Not built yet",
+    503: "A backend service is unavailable; try again",
+    504: "A backend did not answer in time",
+}
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for a route's error answers, all ``{error, message}``."""
+    return {status: {"model": ErrorBody, "description": DESCRIPTIONS[status]} for status in statuses}
 
 
 class ApiError(Exception):
@@ -34,9 +85,11 @@ class ApiError(Exception):
         self.message = message
 
 
-def error_response(status: int, error: str, message: str) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": error, "message": message}, status_code=status, headers=headers)
+def error_response(status: int, error: str, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    merged = dict(headers or {})
+    if status == 401:
+        merged["WWW-Authenticate"] = "Bearer"
+    return JSONResponse({"error": error, "message": message}, status_code=status, headers=merged or None)
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> ApiError:
@@ -57,6 +110,8 @@ async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
 async def rpc_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, grpc.aio.AioRpcError)
     api = from_rpc_error(exc)
+    if api.status == 500:
+        log.error("backend_internal_error", code=exc.code().name)
     return error_response(api.status, api.error, api.message)
 
 
@@ -68,15 +123,54 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
             400, "INVALID_CONTENT_TYPE", "send the body as JSON with 'Content-Type: application/json'"
         )
     problems = []
+    reasons = set()
     for err in exc.errors():
         if err.get("type") == "json_invalid":
             return error_response(400, "INVALID_JSON", "the request body is not valid JSON")
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        loc = [str(p) for p in err.get("loc", ())]
+        field = loc[-1] if len(loc) > 1 else ""
+        reasons.add(FIELD_REASONS.get(field, "INVALID_ARGUMENT"))
+        where = ".".join(p for p in loc if p not in ("body", "path", "query", "header"))
         problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
-    return error_response(400, "INVALID_ARGUMENT", "; ".join(problems) or "invalid request")
+    reason = reasons.pop() if len(reasons) == 1 else "INVALID_ARGUMENT"
+    return error_response(400, reason, "; ".join(problems) or "invalid request")
 
 
-async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    names = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}
-    return error_response(exc.status_code, names.get(exc.status_code, "HTTP_ERROR"), str(exc.detail))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        # Starlette names the methods of the first route whose path matched; a resource
+        # served by several routes (GET and POST .../tasks) allows all of theirs.
+        documented = documented_methods(request)
+        if documented:
+            headers["Allow"] = ", ".join(documented)
+    reason = STATUS_REASONS.get(exc.status_code, "HTTP_ERROR")
+    return error_response(exc.status_code, reason, str(exc.detail), headers=headers)
+
+
+def documented_methods(request: Request) -> list[str]:
+    """The methods /openapi.json lists for the request's path (HEAD with GET), as clients read them."""
+    path = request.scope.get("path", "")
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)), path):
+            methods |= {method.upper() for method in operations}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
+async def unhandled_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    # Logged with its traceback by the request middleware, which sees it re-raised.
+    return error_response(500, "INTERNAL", "internal error")
+
+
+def status_reason(status: int) -> str:
+    """The ``error`` for a bare HTTP status (e.g. one produced below the app's handlers)."""
+    if status in STATUS_REASONS:
+        return STATUS_REASONS[status]
+    try:
+        return HTTPStatus(status).name
+    except ValueError:
+        return "HTTP_ERROR"

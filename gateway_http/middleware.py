@@ -1,25 +1,41 @@
-"""ASGI middleware: request ids, one log line per request, and a bound on body size."""
+"""The outermost ASGI layer: request ids, one log line per request, and one error shape.
+
+It wraps the whole FastAPI stack (see ``app.GatewayApp``), so it also sees the answers
+produced below the app's exception handlers — Starlette's body-size limit answers a
+declared oversize body with a plain-text 413 of its own — and gives every 4xx/5xx the
+``{error, message}`` JSON body.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
-from typing import Any
+from http import HTTPStatus
 
 import structlog
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway_http.errors import error_response
+from gateway_http.errors import status_reason
 
 log = structlog.get_logger("http")
 
+REQUEST_ID_HEADER = "x-request-id"
+# A client's request id is used only when it is this safe to log and pass on; else a new one is made.
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
-class _TooLarge(Exception):
-    pass
+
+def request_id_for(scope: Scope) -> str:
+    offered = Headers(scope=scope).get(REQUEST_ID_HEADER)
+    if offered is not None and CLIENT_REQUEST_ID.fullmatch(offered):
+        return offered
+    return uuid.uuid4().hex
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
 
@@ -27,44 +43,55 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        request_id = headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
+        request_id = request_id_for(scope)
         scope.setdefault("state", {})["request_id"] = request_id
         structlog.contextvars.bind_contextvars(request_id=request_id)
         start = time.perf_counter()
-        status_holder: dict[str, Any] = {"status": 500}
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            response = error_response(413, "PAYLOAD_TOO_LARGE", f"request body exceeds {self.max_body_bytes} bytes")
-            await response(scope, receive, send)
-            self._log(scope, 413, start)
-            return
-        received = 0
+        status = 500
+        started = False
+        replaced = False
 
-        async def bounded_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise _TooLarge
-            return message
-
-        async def send_with_id(message: Message) -> None:
+        async def send_shaped(message: Message) -> None:
+            nonlocal status, started, replaced
             if message["type"] == "http.response.start":
-                status_holder["status"] = message["status"]
-                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
+                started = True
+                status = message["status"]
+                headers = MutableHeaders(raw=list(message.get("headers", [])))
+                headers[REQUEST_ID_HEADER] = request_id
+                if status >= 400 and not headers.get("content-type", "").startswith("application/json"):
+                    replaced = True
+                    await self._send_error(send, status, headers)
+                    return
+                message["headers"] = headers.raw
+            elif replaced:
+                return  # the original body of a replaced error answer
             await send(message)
 
         try:
-            await self.app(scope, bounded_receive, send_with_id)
-        except _TooLarge:
-            response = error_response(413, "PAYLOAD_TOO_LARGE", f"request body exceeds {self.max_body_bytes} bytes")
-            await response(scope, receive, send)
-            status_holder["status"] = 413
+            await self.app(scope, receive, send_shaped)
+        except Exception as exc:  # noqa: BLE001 - the answer below is all the client gets
+            # ServerErrorMiddleware has answered 500 already and re-raises for the server's log.
+            log.error("http_unhandled_error", method=scope.get("method"), path=scope.get("path"), exc_info=exc)
+            if not started:
+                await self._send_error(send, 500, MutableHeaders({REQUEST_ID_HEADER: request_id}))
+                status = 500
         finally:
-            self._log(scope, status_holder["status"], start)
+            self._log(scope, status, start)
             structlog.contextvars.unbind_contextvars("request_id")
+
+    async def _send_error(self, send: Send, status: int, headers: MutableHeaders) -> None:
+        if status == 413 and self.max_body_bytes is not None:
+            message = f"request body exceeds {self.max_body_bytes} bytes"
+        else:
+            try:
+                message = HTTPStatus(status).phrase
+            except ValueError:
+                message = "error"
+        body = json.dumps({"error": status_reason(status), "message": message}).encode()
+        headers["content-type"] = "application/json"
+        headers["content-length"] = str(len(body))
+        await send({"type": "http.response.start", "status": status, "headers": headers.raw})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     @staticmethod
     def _log(scope: Scope, status: int, start: float) -> None:

@@ -3,84 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, ConfigDict, Field
 
 from gateway_http.auth import SessionCaller
 from gateway_http.backends import Backends, request_metadata
 from gateway_http.convert import task_json
-from gateway_http.errors import ApiError
-from libs.ids import UUID_HEX_PATTERN
+from gateway_http.errors import ApiError, responses
+from gateway_http.schemas import (
+    AllQuery,
+    AnswerBody,
+    CancelBody,
+    CancelResult,
+    CreateTaskBody,
+    PageQuery,
+    PageSizeQuery,
+    TaskEnvelope,
+    TaskIdPath,
+    TaskPage,
+)
+from libs.settings import Settings
 from taskgate.pending.v1 import pending_pb2 as pending_pb
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
-router = APIRouter(prefix="/api/v1/agents/{agentId}/sessions/{sessionId}", tags=["tasks"])
-
-
-class CreateTaskBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    title: str = Field(max_length=200)
-    instructions: str = Field(default="", max_length=65536)
-    profile: str | None = Field(default=None, max_length=128)
-    requestId: str | None = Field(default=None, max_length=128)
-    harness: str | None = Field(default=None, max_length=100)
-    harnessModel: str | None = Field(default=None, max_length=100)
-
-
-class CancelBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    replacedByTaskId: str | None = Field(default=None, max_length=32)
-
-
-class AnswerBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    questionId: str = Field(max_length=64)
-    answer: str = Field(max_length=65536)
-
-
-class TaskEnvelope(BaseModel):
-    task: dict[str, Any]
-
-
-class TaskPageBody(BaseModel):
-    page: int
-    pages: int
-    total: int
-    tasks: list[dict[str, Any]]
+# Every task route: authorization, agent settings and the backends can answer these.
+COMMON_ERRORS = (400, 401, 403, 409, 429, 500, 501, 503, 504)
+router = APIRouter(
+    prefix="/api/v1/agents/{agentId}/sessions/{sessionId}", tags=["tasks"], responses=responses(*COMMON_ERRORS)
+)
 
 
 def _backends(request: Request) -> Backends:
     return request.app.state.backends  # type: ignore[no-any-return]
 
 
-def _parse_int(name: str, raw: str | None, default: int) -> int:
-    if raw is None or raw == "":
-        return default
-    if not raw.lstrip("-").isdigit() or len(raw) > 9:
-        raise ApiError(400, "INVALID_PAGINATION", f"{name} must be an integer")
-    return int(raw)
-
-
-def _parse_bool(name: str, raw: str | None) -> bool:
-    if raw is None or raw == "":
-        return False
-    lowered = raw.lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise ApiError(400, "INVALID_PAGINATION", f"{name} must be true or false")
-
-
 async def owned_task(request: Request, caller: SessionCaller, task_id: str) -> pb.Task:
     """The task, after checking it belongs to the caller's agent and session."""
-    if not UUID_HEX_PATTERN.match(task_id):
-        raise ApiError(400, "INVALID_ID", "taskId must be 32 lowercase hex characters")
     backends = _backends(request)
     reply = await backends.scheduler.GetTask(
         pb.GetTaskRequest(task_id=task_id), timeout=backends.timeout_s, metadata=request_metadata(request)
@@ -90,8 +51,12 @@ async def owned_task(request: Request, caller: SessionCaller, task_id: str) -> p
     return reply.task
 
 
-@router.post("/tasks", status_code=201, response_model=TaskEnvelope)
+@router.post("/tasks", status_code=201, response_model=TaskEnvelope, responses=responses(413))
 async def create_task(request: Request, caller: SessionCaller, body: CreateTaskBody) -> JSONResponse:
+    settings: Settings = request.app.state.settings
+    # The document lists the configured profiles; refuse others here, as it says.
+    if body.profile is not None and body.profile not in settings.workers:
+        raise ApiError(400, "UNKNOWN_PROFILE", f"no worker profile named {body.profile!r}")
     backends = _backends(request)
     reply = await backends.scheduler.CreateTask(
         pb.CreateTaskRequest(
@@ -110,16 +75,11 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
     return JSONResponse({"task": task_json(reply.task)}, status_code=201)
 
 
-@router.get("/tasks", response_model=TaskPageBody)
-async def list_tasks(request: Request, caller: SessionCaller) -> dict[str, Any]:
-    query = request.query_params
-    page = _parse_int("page", query.get("page"), 0)
-    page_size = _parse_int("page_size", query.get("page_size"), 10)
-    if page < 0:
-        raise ApiError(400, "INVALID_PAGINATION", "page must be 0 or more")
-    if not 1 <= page_size <= 100:
-        raise ApiError(400, "INVALID_PAGINATION", "page_size must be between 1 and 100")
-    include_finished = _parse_bool("all", query.get("all"))
+@router.get("/tasks", response_model=TaskPage)
+async def list_tasks(
+    request: Request, caller: SessionCaller, page: PageQuery = 0, page_size: PageSizeQuery = 10, all: AllQuery = False
+) -> JSONResponse:
+    """The session's tasks, newest first; finished ones only with ``all=true``; previews bounded."""
     backends = _backends(request)
     reply = await backends.scheduler.ListTasks(
         pb.ListTasksRequest(
@@ -127,17 +87,14 @@ async def list_tasks(request: Request, caller: SessionCaller) -> dict[str, Any]:
             session_id=caller.session_id,
             page=page,
             page_size=page_size,
-            include_finished=include_finished,
+            include_finished=all,
         ),
         timeout=backends.timeout_s,
         metadata=request_metadata(request),
     )
-    return {
-        "page": reply.page,
-        "pages": reply.pages,
-        "total": reply.total,
-        "tasks": [task_json(t) for t in reply.tasks],
-    }
+    return JSONResponse(
+        {"page": reply.page, "pages": reply.pages, "total": reply.total, "tasks": [task_json(t) for t in reply.tasks]}
+    )
 
 
 EVENT_NAMES = {
@@ -175,24 +132,30 @@ async def task_events(request: Request, caller: SessionCaller) -> AsyncIterator[
         stream.cancel()
 
 
-@router.get("/tasks/{taskId}", response_model=TaskEnvelope)
-async def get_task(request: Request, caller: SessionCaller, taskId: str) -> dict[str, Any]:
-    return {"task": task_json(await owned_task(request, caller, taskId))}
+@router.get("/tasks/{taskId}", response_model=TaskEnvelope, responses=responses(404))
+async def get_task(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
+    """The full snapshot, with the whole retained result."""
+    return JSONResponse({"task": task_json(await owned_task(request, caller, taskId))})
 
 
-@router.post("/tasks/{taskId}/cancel")
+@router.post("/tasks/{taskId}/cancel", response_model=CancelResult, responses=responses(404, 413))
 async def cancel_task(
-    request: Request, caller: SessionCaller, taskId: str, body: CancelBody | None = None
-) -> dict[str, Any]:
+    request: Request, caller: SessionCaller, taskId: TaskIdPath, body: CancelBody | None = None
+) -> JSONResponse:
+    """``cancel_requested`` while stopping, ``cancelled`` once stopped; a finished task keeps its state."""
     caller.require_tool("task_cancel")
     await owned_task(request, caller, taskId)
     replaced_by = body.replacedByTaskId if body else None
     if replaced_by:
-        if not UUID_HEX_PATTERN.match(replaced_by):
-            raise ApiError(400, "INVALID_ID", "replacedByTaskId must be 32 lowercase hex characters")
-        replacement = await owned_task(request, caller, replaced_by)
-        if replacement.task_id == taskId:
+        if replaced_by == taskId:
             raise ApiError(400, "INVALID_ARGUMENT", "a task cannot replace itself")
+        try:
+            await owned_task(request, caller, replaced_by)
+        except grpc.aio.AioRpcError as exc:
+            # The task at the URL exists (404 would say it does not): the reference in the body is what fails.
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise ApiError(409, "REPLACEMENT_NOT_FOUND", "replacedByTaskId names no task") from exc
+            raise
     backends = _backends(request)
     reply = await backends.scheduler.CancelTask(
         pb.CancelTaskRequest(task_id=taskId, cause="user_canceled", replaced_by_task_id=replaced_by or ""),
@@ -200,26 +163,27 @@ async def cancel_task(
         metadata=request_metadata(request),
     )
     snapshot = task_json(reply.task)
-    return {"task": {"taskId": snapshot["taskId"], "state": snapshot["state"]}}
+    return JSONResponse({"task": {"taskId": snapshot["taskId"], "state": snapshot["state"]}})
 
 
-@router.post("/tasks/{taskId}/retry-cleanup", response_model=TaskEnvelope)
-async def retry_cleanup(request: Request, caller: SessionCaller, taskId: str) -> dict[str, Any]:
+@router.post("/tasks/{taskId}/retry-cleanup", response_model=TaskEnvelope, responses=responses(404))
+async def retry_cleanup(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
+    """Look again for proof that a ``needs_reconciliation`` task's processes are gone."""
     caller.require_tool("task_cancel")
     await owned_task(request, caller, taskId)
     backends = _backends(request)
     reply = await backends.scheduler.RetryCleanup(
         pb.RetryCleanupRequest(task_id=taskId), timeout=backends.timeout_s + 30, metadata=request_metadata(request)
     )
-    return {"task": task_json(reply.task)}
+    return JSONResponse({"task": task_json(reply.task)})
 
 
-@router.post("/tasks/{taskId}/answer", response_model=TaskEnvelope)
-async def answer_question(request: Request, caller: SessionCaller, taskId: str, body: AnswerBody) -> dict[str, Any]:
+@router.post("/tasks/{taskId}/answer", response_model=TaskEnvelope, responses=responses(404, 413))
+async def answer_question(
+    request: Request, caller: SessionCaller, taskId: TaskIdPath, body: AnswerBody
+) -> JSONResponse:
     """Store the answer durably; the task runs again once its worker has it."""
     caller.require_tool("task_answer")
-    if not UUID_HEX_PATTERN.match(body.questionId):
-        raise ApiError(400, "INVALID_ID", "questionId must be 32 lowercase hex characters")
     if not body.answer.strip():
         raise ApiError(400, "EMPTY_ANSWER", "answer must not be empty")
     await owned_task(request, caller, taskId)
@@ -236,4 +200,4 @@ async def answer_question(request: Request, caller: SessionCaller, taskId: str, 
         if exc.code() == grpc.StatusCode.NOT_FOUND:
             raise ApiError(403, "QUESTION_STALE", "no such question for this task") from exc
         raise
-    return {"task": task_json(await owned_task(request, caller, taskId))}
+    return JSONResponse({"task": task_json(await owned_task(request, caller, taskId))})

@@ -84,6 +84,7 @@ def entry_to_pb(entry: Entry) -> pb.PendingEntry:
         create_time=ts(entry.created_at),
         claimed_by=entry.claimed_by or "",
         claim_time=ts(entry.claimed_at),
+        agent_id=entry.agent_id,
     )
 
 
@@ -98,6 +99,7 @@ def event_to_pb(event: EntryEvent) -> pb.ListenResponse:
 
 def snapshot_to_pb(snapshot: Snapshot) -> pb.PendingSnapshot:
     return pb.PendingSnapshot(
+        agent_id=snapshot.agent_id,
         session_id=snapshot.session_id,
         entry_id=snapshot.entry_id,
         payload=snapshot.payload,

@@ -223,6 +223,8 @@ class Entry:
     created_at: int
     claimed_by: str | None = None
     claimed_at: int | None = None
+    # "" when the producer named no agent (allowed for "cli-" asks only).
+    agent_id: str = ""
 
     def claimed(self, picker: str, at: int) -> Entry:
         return replace(self, claimed_by=picker, claimed_at=at)
@@ -240,6 +242,12 @@ class Snapshot:
     payload: str
     tool_results: tuple[ToolResult, ...]
     created_at: int
+    # Snapshots are keyed by (agent_id, session_id); "" marks one stored before that
+    # (LEGACY_AGENT), which belongs to the session whichever agent asks.
+    agent_id: str = ""
+
+
+LEGACY_AGENT = ""
 
 
 class EventType(StrEnum):
@@ -269,6 +277,7 @@ class NewAsk:
     kind: EntryKind | None
     payload: str
     tool_results: tuple[ToolResult, ...] = ()
+    agent_id: str = ""
 
 
 def clamp_tool_result(result: ToolResult) -> ToolResult:
@@ -280,6 +289,12 @@ def clamp_tool_result(result: ToolResult) -> ToolResult:
 def new_entry(ask: NewAsk, now: int) -> tuple[Entry, Snapshot | None]:
     """Validate an ask; the entry, and for non-cli origins the pending snapshot."""
     origin = origin_of(ask.session_id)
+    if ask.agent_id:
+        validate_id("agentId", ask.agent_id)
+    elif origin != INLINE_ORIGIN:
+        raise InvalidArgument(
+            "MISSING_AGENT_ID", "agentId is required: the pending snapshot is kept per agent", field="agentId"
+        )
     if ask.kind is None:
         raise InvalidArgument("INVALID_KIND", "kind must be confirm, ask or secret", field="kind")
     validate_text("payload", ask.payload, MAX_PAYLOAD_BYTES, allow_empty=True)
@@ -293,7 +308,13 @@ def new_entry(ask: NewAsk, now: int) -> tuple[Entry, Snapshot | None]:
                 field="toolResults",
             )
     entry = Entry(
-        entry_id=new_id(), session_id=ask.session_id, origin=origin, kind=ask.kind, payload=ask.payload, created_at=now
+        entry_id=new_id(),
+        session_id=ask.session_id,
+        origin=origin,
+        kind=ask.kind,
+        payload=ask.payload,
+        created_at=now,
+        agent_id=ask.agent_id,
     )
     if origin == INLINE_ORIGIN:
         return entry, None
@@ -305,6 +326,7 @@ def new_entry(ask: NewAsk, now: int) -> tuple[Entry, Snapshot | None]:
         payload=ask.payload,
         tool_results=tuple(clamp_tool_result(r) for r in ask.tool_results),
         created_at=now,
+        agent_id=ask.agent_id,
     )
     return entry, snapshot
 

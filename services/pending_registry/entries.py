@@ -238,14 +238,24 @@ class PendingEntries:
 
     # --- sessions ---------------------------------------------------------------
 
-    async def cancel_session(self, session_id: str, cause: str) -> tuple[bool, int]:
-        """(deleted anything, producers told). Only ``user_canceled`` deletes."""
+    async def cancel_session(self, session_id: str, cause: str, agent_id: str | None = None) -> tuple[bool, int]:
+        """(deleted anything, producers told). Only ``user_canceled`` deletes.
+
+        With ``agent_id``, only that agent's entries and snapshot of the session (and a
+        snapshot stored before snapshots were kept per agent); without, every agent's.
+        """
         domain.validate_id("sessionId", session_id)
         domain.validate_cause(cause)
+        if agent_id is not None:
+            domain.validate_id("agentId", agent_id)
         if cause != USER_CANCELED:
             log.info("session_cancel_kept", session_id=session_id, cause=cause)
             return False, 0
-        victims = [lv for lv in self._live.values() if lv.entry.session_id == session_id]
+        victims = [
+            lv
+            for lv in self._live.values()
+            if lv.entry.session_id == session_id and (agent_id is None or lv.entry.agent_id in (agent_id, ""))
+        ]
         for live in victims:
             del self._live[live.entry.entry_id]
             if not live.waiter.done():
@@ -258,16 +268,28 @@ class PendingEntries:
                     )
                 )
             self._publish(EntryEvent(EventType.REMOVED, live.entry, RemovalReason.CANCELED))
-        deleted = await self.store.delete_session(session_id)
-        log.info("session_canceled", session_id=session_id, cause=cause, entries=len(victims), deleted=deleted)
+        deleted = await self.store.delete_session(session_id, agent_id)
+        log.info(
+            "session_canceled",
+            session_id=session_id,
+            agent_id=agent_id,
+            cause=cause,
+            entries=len(victims),
+            deleted=deleted,
+        )
         return deleted or bool(victims), len(victims)
 
-    async def session_task(self, session_id: str) -> Snapshot:
+    async def session_task(self, agent_id: str, session_id: str) -> Snapshot:
+        """The agent's snapshot of the session, else one stored before snapshots were kept per agent."""
+        domain.validate_id("agentId", agent_id)
         domain.validate_id("sessionId", session_id)
-        snapshot = await self.store.get_snapshot(session_id)
+        snapshot = await self.store.get_snapshot(agent_id, session_id)
         if snapshot is None:
             raise domain.NotFound(
-                "PENDING_TASK_NOT_FOUND", f"session {session_id} has no pending task", sessionId=session_id
+                "PENDING_TASK_NOT_FOUND",
+                f"session {session_id} has no pending task for agent {agent_id}",
+                sessionId=session_id,
+                agentId=agent_id,
             )
         return snapshot
 

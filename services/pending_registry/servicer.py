@@ -30,6 +30,7 @@ class PendingRegistryServicer(pb_grpc.PendingRegistryServiceServicer):
             kind=convert.kind_from_pb(request.kind),
             payload=request.payload,
             tool_results=convert.tool_results_from_pb(request.tool_results),
+            agent_id=request.agent_id,
         )
         entry_id, answer = await self.entries.ask(ask)
         return pb.AskResponse(entry_id=entry_id, answer=answer)
@@ -69,13 +70,15 @@ class PendingRegistryServicer(pb_grpc.PendingRegistryServiceServicer):
     async def CancelSession(
         self, request: pb.CancelSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelSessionResponse:
-        deleted, canceled = await self.entries.cancel_session(request.session_id, request.cause)
+        deleted, canceled = await self.entries.cancel_session(
+            request.session_id, request.cause, agent_id=request.agent_id or None
+        )
         return pb.CancelSessionResponse(deleted=deleted, canceled_entries=canceled)
 
     async def GetSessionTask(
         self, request: pb.GetSessionTaskRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionTaskResponse:
-        snapshot = await self.entries.session_task(request.session_id)
+        snapshot = await self.entries.session_task(request.agent_id, request.session_id)
         return pb.GetSessionTaskResponse(snapshot=convert.snapshot_to_pb(snapshot))
 
     # --- task questions -----------------------------------------------------

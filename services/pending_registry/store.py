@@ -17,6 +17,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 from libs.db import Database, Migration, lock_key
 from services.pending_registry import domain
 from services.pending_registry.domain import (
+    LEGACY_AGENT,
     AnswerAttempt,
     Entry,
     EntryKind,
@@ -53,6 +54,26 @@ MIGRATIONS = [
             "CREATE INDEX ix_questions_state ON questions (task_id, state)",
         ],
     ),
+    # Snapshots keyed by agent and session (two agents may share a session id). The table
+    # is rebuilt with the new key; rows from before keep reading with agent_id '' (the
+    # session's snapshot, whichever agent asks) until the session's next ask replaces them.
+    Migration(
+        2,
+        "pending snapshots and entries per agent",
+        [
+            "ALTER TABLE pending_entries ADD COLUMN agent_id VARCHAR(128) NOT NULL DEFAULT ''",
+            "CREATE TABLE pending_snapshots_v2 ("
+            " agent_id VARCHAR(128) NOT NULL, session_id VARCHAR(128) NOT NULL, entry_id VARCHAR(32) NOT NULL,"
+            " origin VARCHAR(16) NOT NULL, kind VARCHAR(16) NOT NULL, payload TEXT NOT NULL,"
+            " tool_results TEXT NOT NULL, created_at BIGINT NOT NULL, PRIMARY KEY (agent_id, session_id))",
+            "INSERT INTO pending_snapshots_v2"
+            " (agent_id, session_id, entry_id, origin, kind, payload, tool_results, created_at)"
+            " SELECT '', session_id, entry_id, origin, kind, payload, tool_results, created_at FROM pending_snapshots",
+            "DROP TABLE pending_snapshots",
+            "ALTER TABLE pending_snapshots_v2 RENAME TO pending_snapshots",
+            "CREATE INDEX ix_pending_snapshots_session ON pending_snapshots (session_id)",
+        ],
+    ),
 ]
 
 
@@ -66,10 +87,12 @@ class EntryRow(SQLModel, table=True):
     created_at: int = Field(sa_type=BigInteger)
     claimed_by: str | None = None
     claimed_at: int | None = Field(default=None, sa_type=BigInteger)
+    agent_id: str = ""
 
 
 class SnapshotRow(SQLModel, table=True):
     __tablename__ = "pending_snapshots"
+    agent_id: str = Field(primary_key=True)
     session_id: str = Field(primary_key=True)
     entry_id: str
     origin: str
@@ -111,7 +134,9 @@ _RELEASE_CLAIM = (
 )
 _DELETE_ENTRY = _ENTRIES.delete().where(_ENTRIES.c.entry_id == bindparam("id"))
 _INSERT_SNAPSHOT = _SNAPSHOTS.insert()
-_DELETE_SESSION_SNAPSHOT = _SNAPSHOTS.delete().where(_SNAPSHOTS.c.session_id == bindparam("session_id"))
+_DELETE_SESSION_SNAPSHOT = _SNAPSHOTS.delete().where(
+    _SNAPSHOTS.c.agent_id == bindparam("agent_id"), _SNAPSHOTS.c.session_id == bindparam("session_id")
+)
 _DELETE_ENTRY_SNAPSHOT = _SNAPSHOTS.delete().where(_SNAPSHOTS.c.entry_id == bindparam("id"))
 
 
@@ -121,6 +146,7 @@ _DELETE_ENTRY_SNAPSHOT = _SNAPSHOTS.delete().where(_SNAPSHOTS.c.entry_id == bind
 def _snapshot_from_row(row: SnapshotRow) -> Snapshot:
     results = tuple(ToolResult(**r) for r in json.loads(row.tool_results))
     return Snapshot(
+        agent_id=row.agent_id,
         session_id=row.session_id,
         entry_id=row.entry_id,
         origin=row.origin,
@@ -144,6 +170,7 @@ def _snapshot_values(s: Snapshot) -> dict[str, object]:
         for r in s.tool_results
     ]
     return {
+        "agent_id": s.agent_id,
         "session_id": s.session_id,
         "entry_id": s.entry_id,
         "origin": s.origin,
@@ -211,10 +238,13 @@ class PendingStore:
                     "kind": entry.kind.value,
                     "payload": entry.payload,
                     "created_at": entry.created_at,
+                    "agent_id": entry.agent_id,
                 },
             )
             if snapshot is not None:
-                conn.execute(_DELETE_SESSION_SNAPSHOT, {"session_id": snapshot.session_id})
+                conn.execute(
+                    _DELETE_SESSION_SNAPSHOT, {"agent_id": snapshot.agent_id, "session_id": snapshot.session_id}
+                )
                 conn.execute(_INSERT_SNAPSHOT, _snapshot_values(snapshot))
 
         await self.db.run(work)
@@ -245,13 +275,19 @@ class PendingStore:
 
         await self.db.run(work)
 
-    async def delete_session(self, session_id: str) -> bool:
-        """Delete a session's entries and snapshot; whether anything was there."""
+    async def delete_session(self, session_id: str, agent_id: str | None = None) -> bool:
+        """Delete a session's entries and snapshots — with ``agent_id`` only that agent's
+        (and a snapshot from before snapshots were kept per agent); whether anything was there."""
 
         def work(s: Session) -> bool:
-            entries = s.exec(delete(EntryRow).where(col(EntryRow.session_id) == session_id))
-            snapshots = s.exec(delete(SnapshotRow).where(col(SnapshotRow.session_id) == session_id))
-            return bool(entries.rowcount or snapshots.rowcount)
+            entries = delete(EntryRow).where(col(EntryRow.session_id) == session_id)
+            snapshots = delete(SnapshotRow).where(col(SnapshotRow.session_id) == session_id)
+            if agent_id is not None:
+                entries = entries.where(col(EntryRow.agent_id).in_((agent_id, LEGACY_AGENT)))
+                snapshots = snapshots.where(col(SnapshotRow.agent_id).in_((agent_id, LEGACY_AGENT)))
+            deleted_entries = s.exec(entries).rowcount
+            deleted_snapshots = s.exec(snapshots).rowcount
+            return bool(deleted_entries or deleted_snapshots)
 
         return await self.db.run(work)
 
@@ -269,9 +305,11 @@ class PendingStore:
 
         return await self.db.run(work)
 
-    async def get_snapshot(self, session_id: str) -> Snapshot | None:
+    async def get_snapshot(self, agent_id: str, session_id: str) -> Snapshot | None:
+        """The agent's snapshot of the session, else the session's from before snapshots were kept per agent."""
+
         def work(s: Session) -> Snapshot | None:
-            row = s.get(SnapshotRow, session_id)
+            row = s.get(SnapshotRow, (agent_id, session_id)) or s.get(SnapshotRow, (LEGACY_AGENT, session_id))
             return _snapshot_from_row(row) if row else None
 
         return await self.db.run(work)

@@ -154,7 +154,13 @@ def test_pending_snapshot_survives_restart(registry: Registry) -> None:
         pb.ToolResult(tool_call_id="c2", name="ls", arguments="{}", output="README.md"),
     ]
     producer = stub.Ask.future(
-        pb.AskRequest(session_id="tg-chat7", kind=pb.ENTRY_KIND_ASK, payload="which environment?", tool_results=tools),
+        pb.AskRequest(
+            session_id="tg-chat7",
+            agent_id="agent-1",
+            kind=pb.ENTRY_KIND_ASK,
+            payload="which environment?",
+            tool_results=tools,
+        ),
         timeout=60,
         wait_for_ready=True,
     )
@@ -163,7 +169,11 @@ def test_pending_snapshot_survives_restart(registry: Registry) -> None:
 
     def snapshot_written() -> bool:
         try:
-            snapshots.append(stub.GetSessionTask(pb.GetSessionTaskRequest(session_id="tg-chat7"), timeout=5).snapshot)
+            snapshots.append(
+                stub.GetSessionTask(
+                    pb.GetSessionTaskRequest(agent_id="agent-1", session_id="tg-chat7"), timeout=5
+                ).snapshot
+            )
         except grpc.RpcError as exc:
             assert exc.code() == grpc.StatusCode.NOT_FOUND
         return bool(snapshots)
@@ -175,7 +185,7 @@ def test_pending_snapshot_survives_restart(registry: Registry) -> None:
         producer.result(timeout=RPC_TIMEOUT)
     registry.start()
 
-    after = call(stub.GetSessionTask, pb.GetSessionTaskRequest(session_id="tg-chat7")).snapshot
+    after = call(stub.GetSessionTask, pb.GetSessionTaskRequest(agent_id="agent-1", session_id="tg-chat7")).snapshot
     assert after == before
     assert after.payload == "which environment?" and after.origin == "tg-"
     big, small = after.tool_results
@@ -188,7 +198,7 @@ def test_pending_snapshot_survives_restart(registry: Registry) -> None:
     assert not call(stub.CancelSession, pb.CancelSessionRequest(session_id="tg-chat7", cause="paused")).deleted
     assert call(stub.CancelSession, pb.CancelSessionRequest(session_id="tg-chat7", cause="user_canceled")).deleted
     with pytest.raises(grpc.RpcError) as exc:
-        call(stub.GetSessionTask, pb.GetSessionTaskRequest(session_id="tg-chat7"))
+        call(stub.GetSessionTask, pb.GetSessionTaskRequest(agent_id="agent-1", session_id="tg-chat7"))
     assert exc.value.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -233,7 +243,9 @@ async def _store_under_concurrency(url: str) -> None:
     try:
         # Many producers, many pickers: one claimer per entry; every answer reaches its producer.
         producers = [
-            asyncio.ensure_future(entries.ask(NewAsk(f"{['tg-', 'dc-', 'chat-'][i % 3]}s{i}", EntryKind.ASK, str(i))))
+            asyncio.ensure_future(
+                entries.ask(NewAsk(f"{['tg-', 'dc-', 'chat-'][i % 3]}s{i}", EntryKind.ASK, str(i), agent_id="agent-1"))
+            )
             for i in range(90)
         ]
         deadline = time.monotonic() + 20

@@ -84,7 +84,8 @@ class Stack:
                     raise RuntimeError(f"{name} exited early:\n{proc.logs()[-3000:]}")
             try:
                 last = httpx.get(f"{self.http_url}/healthz", timeout=2)
-                if last.status_code == 200:
+                # 200 already when only an advisory backend (telemetry) is missing: wait for all.
+                if last.status_code == 200 and last.json().get("status") == "ok":
                     return
             except httpx.HTTPError as exc:
                 last = exc

@@ -116,25 +116,27 @@ def test_cli_entry_has_no_snapshot_other_origins_do() -> None:
     entry, snap = domain.new_entry(NewAsk("cli-1", EntryKind.ASK, "q?"), now=5)
     assert entry.origin == "cli-" and snap is None and len(entry.entry_id) == 32
     tools = (ToolResult("c1", "read", "{}", "x" * 10_000),)
-    entry, snap = domain.new_entry(NewAsk("tg-1", EntryKind.CONFIRM, "ok?", tools), now=5)
+    entry, snap = domain.new_entry(NewAsk("tg-1", EntryKind.CONFIRM, "ok?", tools, agent_id="agent-1"), now=5)
     assert snap is not None and snap.entry_id == entry.entry_id and snap.kind == EntryKind.CONFIRM
     assert snap.tool_results[0].output == "x" * 4096 and snap.tool_results[0].output_truncated
 
 
 def test_entry_validation() -> None:
     with pytest.raises(domain.InvalidArgument) as exc:
-        domain.new_entry(NewAsk("tg-1", None, "q"), now=1)
+        domain.new_entry(NewAsk("tg-1", None, "q", agent_id="agent-1"), now=1)
     assert reason_of(exc) == "INVALID_KIND"
     with pytest.raises(domain.InvalidArgument) as exc:
-        domain.new_entry(NewAsk("tg-1", EntryKind.ASK, "é" * (32 * 1024 + 1)), now=1)
+        domain.new_entry(NewAsk("tg-1", EntryKind.ASK, "é" * (32 * 1024 + 1), agent_id="agent-1"), now=1)
     assert reason_of(exc) == "PAYLOAD_TOO_LARGE"
     with pytest.raises(domain.InvalidArgument) as exc:
-        domain.new_entry(NewAsk("tg-1", EntryKind.ASK, "q", (ToolResult("c", "n", "", ""),) * 257), now=1)
+        domain.new_entry(
+            NewAsk("tg-1", EntryKind.ASK, "q", (ToolResult("c", "n", "", ""),) * 257, agent_id="agent-1"), now=1
+        )
     assert reason_of(exc) == "TOO_MANY_TOOL_RESULTS"
 
 
 def test_pick_filter() -> None:
-    entry, _ = domain.new_entry(NewAsk("tg-1", EntryKind.SECRET, ""), now=1)
+    entry, _ = domain.new_entry(NewAsk("tg-1", EntryKind.SECRET, "", agent_id="agent-1"), now=1)
     assert domain.PickFilter("").accepts(entry)
     assert domain.PickFilter("tg-").accepts(entry)
     assert not domain.PickFilter("dc-").accepts(entry)

@@ -20,6 +20,7 @@ from taskgate.pending.v1 import pending_pb2 as pb
 from .harness import Harness, eventually, reason
 
 ASK = pb.ENTRY_KIND_ASK
+AGENT = "agent-1"
 
 
 def ask(
@@ -29,15 +30,17 @@ def ask(
     kind: int = ASK,
     tools: list[pb.ToolResult] | None = None,
     timeout: float | None = 30,
+    agent: str = AGENT,
 ) -> grpc.aio.UnaryUnaryCall:
     return h.stub.Ask(
-        pb.AskRequest(session_id=session_id, kind=kind, payload=payload, tool_results=tools or []), timeout=timeout
+        pb.AskRequest(session_id=session_id, kind=kind, payload=payload, tool_results=tools or [], agent_id=agent),
+        timeout=timeout,
     )
 
 
-async def snapshot_or_none(h: Harness, session_id: str) -> pb.PendingSnapshot | None:
+async def snapshot_or_none(h: Harness, session_id: str, agent: str = AGENT) -> pb.PendingSnapshot | None:
     try:
-        reply = await h.stub.GetSessionTask(pb.GetSessionTaskRequest(session_id=session_id), timeout=5)
+        reply = await h.stub.GetSessionTask(pb.GetSessionTaskRequest(agent_id=agent, session_id=session_id), timeout=5)
     except grpc.aio.AioRpcError as exc:
         assert exc.code() == grpc.StatusCode.NOT_FOUND and reason(exc) == "PENDING_TASK_NOT_FOUND"
         return None
@@ -261,7 +264,7 @@ async def test_withdrawal_does_not_wait_for_the_database(tmp_path: Path) -> None
     store = SlowDeletes(db)
     entries = PendingEntries(store, clock=lambda: 1)
     try:
-        producer = asyncio.ensure_future(entries.ask(NewAsk("tg-1", EntryKind.ASK, "q")))
+        producer = asyncio.ensure_future(entries.ask(NewAsk("tg-1", EntryKind.ASK, "q", agent_id=AGENT)))
 
         async def registered() -> bool:
             return entries.live_count == 1
@@ -448,8 +451,13 @@ async def test_snapshot_is_clamped_and_replaced_and_dropped_when_answered(harnes
 async def test_ask_validation(harness: Harness) -> None:
     cases = [
         (pb.AskRequest(session_id="web-1", kind=ASK), "SESSION_ORIGIN_UNKNOWN"),
-        (pb.AskRequest(session_id="tg-1", kind=pb.ENTRY_KIND_UNSPECIFIED), "INVALID_KIND"),
-        (pb.AskRequest(session_id="tg-1", kind=ASK, payload="x" * (64 * 1024 + 1)), "PAYLOAD_TOO_LARGE"),
+        (pb.AskRequest(session_id="tg-1", kind=pb.ENTRY_KIND_UNSPECIFIED, agent_id=AGENT), "INVALID_KIND"),
+        (
+            pb.AskRequest(session_id="tg-1", kind=ASK, payload="x" * (64 * 1024 + 1), agent_id=AGENT),
+            "PAYLOAD_TOO_LARGE",
+        ),
+        (pb.AskRequest(session_id="tg-1", kind=ASK), "MISSING_AGENT_ID"),
+        (pb.AskRequest(session_id="tg-1", kind=ASK, agent_id="bad agent"), "INVALID_ID"),
         (pb.AskRequest(session_id="", kind=ASK), "INVALID_ID"),
     ]
     for request, expected in cases:
@@ -458,7 +466,7 @@ async def test_ask_validation(harness: Harness) -> None:
         assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, expected
         assert reason(exc.value) == expected
     with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await harness.stub.GetSessionTask(pb.GetSessionTaskRequest(session_id="bad id"))
+        await harness.stub.GetSessionTask(pb.GetSessionTaskRequest(agent_id=AGENT, session_id="bad id"))
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -505,7 +513,7 @@ async def test_waiting_pickers_timeouts_and_cancels_never_double_claim(tmp_path:
 
     async def producer(i: int) -> tuple[str, str]:
         await asyncio.sleep(rng.random() * 0.2)
-        return await entries.ask(NewAsk(f"{['tg-', 'dc-', 'cli-'][i % 3]}s{i}", EntryKind.ASK, str(i)))
+        return await entries.ask(NewAsk(f"{['tg-', 'dc-', 'cli-'][i % 3]}s{i}", EntryKind.ASK, str(i), agent_id=AGENT))
 
     try:
         pickers = [asyncio.ensure_future(picker(f"p{i}", ["", "tg-", "dc-", "cli-"][i % 4])) for i in range(24)]

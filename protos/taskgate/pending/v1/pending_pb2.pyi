@@ -78,7 +78,7 @@ class ToolResult(_message.Message):
     def __init__(self, tool_call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ..., output: _Optional[str] = ..., arguments_truncated: _Optional[bool] = ..., output_truncated: _Optional[bool] = ...) -> None: ...
 
 class PendingEntry(_message.Message):
-    __slots__ = ("entry_id", "session_id", "origin", "kind", "payload", "create_time", "claimed_by", "claim_time")
+    __slots__ = ("entry_id", "session_id", "origin", "kind", "payload", "create_time", "claimed_by", "claim_time", "agent_id")
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class PendingEntry(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     CLAIMED_BY_FIELD_NUMBER: _ClassVar[int]
     CLAIM_TIME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     entry_id: str
     session_id: str
     origin: str
@@ -95,10 +96,11 @@ class PendingEntry(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     claimed_by: str
     claim_time: _timestamp_pb2.Timestamp
-    def __init__(self, entry_id: _Optional[str] = ..., session_id: _Optional[str] = ..., origin: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., payload: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claimed_by: _Optional[str] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    agent_id: str
+    def __init__(self, entry_id: _Optional[str] = ..., session_id: _Optional[str] = ..., origin: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., payload: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., claimed_by: _Optional[str] = ..., claim_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class PendingSnapshot(_message.Message):
-    __slots__ = ("session_id", "entry_id", "payload", "tool_results", "create_time", "origin", "kind")
+    __slots__ = ("session_id", "entry_id", "payload", "tool_results", "create_time", "origin", "kind", "agent_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +108,7 @@ class PendingSnapshot(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     entry_id: str
     payload: str
@@ -113,7 +116,8 @@ class PendingSnapshot(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     origin: str
     kind: EntryKind
-    def __init__(self, session_id: _Optional[str] = ..., entry_id: _Optional[str] = ..., payload: _Optional[str] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ...) -> None: ...
+    agent_id: str
+    def __init__(self, session_id: _Optional[str] = ..., entry_id: _Optional[str] = ..., payload: _Optional[str] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., origin: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class Question(_message.Message):
     __slots__ = ("question_id", "task_id", "text", "revision", "ask_time", "answer", "answered_by", "answer_time", "state", "session_id", "close_time")
@@ -142,16 +146,18 @@ class Question(_message.Message):
     def __init__(self, question_id: _Optional[str] = ..., task_id: _Optional[str] = ..., text: _Optional[str] = ..., revision: _Optional[int] = ..., ask_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., answer: _Optional[str] = ..., answered_by: _Optional[str] = ..., answer_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[QuestionState, str]] = ..., session_id: _Optional[str] = ..., close_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class AskRequest(_message.Message):
-    __slots__ = ("session_id", "kind", "payload", "tool_results")
+    __slots__ = ("session_id", "kind", "payload", "tool_results", "agent_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     kind: EntryKind
     payload: str
     tool_results: _containers.RepeatedCompositeFieldContainer[ToolResult]
-    def __init__(self, session_id: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., payload: _Optional[str] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ...) -> None: ...
+    agent_id: str
+    def __init__(self, session_id: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., payload: _Optional[str] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class AskResponse(_message.Message):
     __slots__ = ("entry_id", "answer")
@@ -244,12 +250,14 @@ class HasListenerResponse(_message.Message):
     def __init__(self, has_listener: _Optional[bool] = ...) -> None: ...
 
 class CancelSessionRequest(_message.Message):
-    __slots__ = ("session_id", "cause")
+    __slots__ = ("session_id", "cause", "agent_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cause: str
-    def __init__(self, session_id: _Optional[str] = ..., cause: _Optional[str] = ...) -> None: ...
+    agent_id: str
+    def __init__(self, session_id: _Optional[str] = ..., cause: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class CancelSessionResponse(_message.Message):
     __slots__ = ("deleted", "canceled_entries")
@@ -260,10 +268,12 @@ class CancelSessionResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ..., canceled_entries: _Optional[int] = ...) -> None: ...
 
 class GetSessionTaskRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "agent_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    agent_id: str
+    def __init__(self, session_id: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
 
 class GetSessionTaskResponse(_message.Message):
     __slots__ = ("snapshot",)

@@ -194,7 +194,7 @@ class PendingRegistryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSessionTask(self, request, context):
-        """The session's pending snapshot; NOT_FOUND (PENDING_TASK_NOT_FOUND) when none.
+        """The agent's pending snapshot of the session; NOT_FOUND (PENDING_TASK_NOT_FOUND) when none.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
