@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import grpc
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -66,7 +65,7 @@ def main() -> None:
             with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
                 created = client.post(f"{base}/tasks", json={"title": "bench", "profile": "exit-at-once"})
                 task_id = created.json()["task"]["taskId"]
-                with grpc.insecure_channel(stack.addr("scheduler")) as channel:
+                with stack.channel("scheduler", "gateway") as channel:
                     stub = pb_grpc.SchedulerServiceStub(channel)
                     floor = timed(N, lambda: stub.GetTask(pb.GetTaskRequest(task_id=task_id), timeout=10))
                 rest = timed(N, lambda: client.get(f"{base}/tasks/{task_id}").raise_for_status())

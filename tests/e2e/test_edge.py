@@ -50,7 +50,7 @@ def test_a_bad_request_id_gets_a_normal_answer_with_a_new_id(api: Api) -> None:
 
 def _leave_snapshot(stack: Stack, agent: str, session: str, payload: str) -> None:
     """An ask whose producer went away: its pending snapshot stays."""
-    with grpc.insecure_channel(stack.addr("pending")) as channel:
+    with stack.channel("pending", "frontend") as channel:
         stub = ppb_grpc.PendingRegistryServiceStub(channel)
         producer = stub.Ask.future(
             ppb.AskRequest(session_id=session, agent_id=agent, kind=ppb.ENTRY_KIND_CONFIRM, payload=payload),

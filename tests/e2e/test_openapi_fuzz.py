@@ -61,7 +61,7 @@ def fuzz_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def leave_pending_snapshot(stack: Stack) -> None:
     """An ask from a chat session whose producer went away: its snapshot stays."""
-    with grpc.insecure_channel(stack.addr("pending")) as channel:
+    with stack.channel("pending", "frontend") as channel:
         stub = ppb_grpc.PendingRegistryServiceStub(channel)
         producer = stub.Ask.future(
             ppb.AskRequest(session_id=SESSION, agent_id=AGENT, kind=ppb.ENTRY_KIND_ASK, payload="which branch?"),

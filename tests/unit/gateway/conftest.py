@@ -43,7 +43,11 @@ class Gateway:
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     servers: dict[str, grpc.aio.Server] = {}
     servicers: dict[str, health.aio.HealthServicer] = {}
-    env = {"TASKGATE_DATA_DIR": str(tmp_path), "TASKGATE_MAX_BODY_BYTES": "4096"}
+    env = {
+        "TASKGATE_DATA_DIR": str(tmp_path),
+        "TASKGATE_MAX_BODY_BYTES": "4096",
+        "TASKGATE_SECRET_GATEWAY": "unit-test-gateway",
+    }
     for name in BACKEND_NAMES:
         server = grpc.aio.server()
         servicer = health.aio.HealthServicer()
