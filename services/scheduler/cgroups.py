@@ -1,0 +1,183 @@
+"""One cgroup (v2) per worker attempt: the stop kills it, an empty cgroup is the proof.
+
+Detected at start-up, never assumed: the scheduler needs a writable cgroup v2
+hierarchy whose cgroups offer ``cgroup.procs``, ``cgroup.events`` and
+``cgroup.kill`` (Linux 5.14+) or ``cgroup.freeze`` (then: freeze, SIGKILL each
+member, thaw). On a hybrid host that is ``/sys/fs/cgroup/unified``; on a pure v2
+host the scheduler's own cgroup. Where none is usable, the caller falls back to
+subreaper-only proof and says so.
+
+A process cannot leave its cgroup unless it may write another cgroup's
+``cgroup.procs`` (root can): a worker running as its own ``user`` stays inside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+
+class CgroupUnavailable(Exception):
+    """Why per-attempt cgroups cannot be used on this host."""
+
+
+def _v2_mount() -> Path | None:
+    try:
+        lines = MOUNTINFO.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        # "<id> <parent> <maj:min> <root> <mount point> <opts> ... - <fstype> <source> <super opts>"
+        left, _, right = line.partition(" - ")
+        if right.split(" ", 1)[0] == "cgroup2":
+            return Path(left.split(" ")[4])
+    return None
+
+
+def _own_v2_path() -> str:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:].strip() or "/"
+    except OSError:
+        pass
+    return "/"
+
+
+@dataclass(frozen=True)
+class Cgroups:
+    """The folder under which this scheduler creates one cgroup per attempt."""
+
+    base: Path
+    has_kill: bool
+
+    @classmethod
+    def detect(cls, name: str = "taskgate") -> Cgroups:
+        """Create (or reuse) ``<our cgroup>/<name>`` and check it offers what the proof needs."""
+        mount = _v2_mount()
+        if mount is None:
+            raise CgroupUnavailable("no cgroup v2 hierarchy is mounted")
+        parent = mount / _own_v2_path().lstrip("/")
+        base = parent / name
+        try:
+            base.mkdir(exist_ok=True)
+            probe = base / f"probe-{os.getpid()}"
+            probe.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise CgroupUnavailable(f"cannot create a cgroup under {parent}: {exc.strerror}") from exc
+        try:
+            needed = ["cgroup.procs", "cgroup.events"]
+            missing = [f for f in needed if not os.access(probe / f, os.W_OK if f == "cgroup.procs" else os.R_OK)]
+            has_kill = (probe / "cgroup.kill").exists()
+            if not has_kill and not (probe / "cgroup.freeze").exists():
+                missing.append("cgroup.kill or cgroup.freeze")
+            if missing:
+                raise CgroupUnavailable(f"cgroups under {base} lack {', '.join(missing)}")
+        finally:
+            try:
+                probe.rmdir()
+            except OSError:
+                pass
+        return cls(base=base, has_kill=has_kill)
+
+    def path_for(self, attempt_id: str) -> Path:
+        return self.base / attempt_id
+
+    def create(self, attempt_id: str) -> Path:
+        path = self.path_for(attempt_id)
+        path.mkdir(exist_ok=True)
+        return path
+
+
+def add(path: Path, pid: int) -> None:
+    """Move ``pid`` into the cgroup (the launcher holds it there before it execs anything)."""
+    (path / "cgroup.procs").write_text(f"{pid}\n")
+
+
+def _walk(path: Path) -> list[Path]:
+    """The cgroup and every cgroup below it, deepest first (a worker as root may nest)."""
+    found: list[Path] = []
+    try:
+        for child in path.iterdir():
+            if child.is_dir():
+                found.extend(_walk(child))
+    except OSError:
+        return found
+    found.append(path)
+    return found
+
+
+def members(path: Path) -> list[int]:
+    pids: list[int] = []
+    for cg in _walk(path):
+        try:
+            pids.extend(int(p) for p in (cg / "cgroup.procs").read_text().split())
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def populated(path: Path) -> bool:
+    """True while any process is in the cgroup or below it; a missing cgroup is empty."""
+    try:
+        for line in (path / "cgroup.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "populated":
+                return value.strip() == "1"
+    except FileNotFoundError:
+        return False
+    return bool(members(path))
+
+
+def signal_all(path: Path, sig: signal.Signals) -> None:
+    """Signal every member: they are the attempt's by being in its cgroup."""
+    me = os.getpid()
+    for pid in members(path):
+        if pid == me:
+            continue
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill(path: Path, has_kill: bool) -> None:
+    """SIGKILL everything in the cgroup, forks racing the kill included."""
+    if not path.exists():
+        return
+    if has_kill:
+        try:
+            (path / "cgroup.kill").write_text("1\n")
+            return
+        except OSError:
+            pass
+    # Freeze first so nothing forks between reading the members and killing them.
+    freeze = path / "cgroup.freeze"
+    try:
+        freeze.write_text("1\n")
+    except OSError:
+        pass
+    signal_all(path, signal.SIGKILL)
+    try:
+        freeze.write_text("0\n")
+    except OSError:
+        pass
+
+
+def remove(path: Path) -> bool:
+    """Remove an empty cgroup (and empty ones below it); True when it is gone."""
+    for cg in _walk(path):
+        for _ in range(50):  # rmdir can briefly say EBUSY while the last exit is accounted
+            try:
+                cg.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
+    return not path.exists()
