@@ -29,9 +29,7 @@ async def main() -> None:
     telemetry = TelemetryClient(settings.telemetry_addr)
     questions = QuestionsClient(settings.pending_addr)
     # This process spawns nothing but workers, so every other child is a worker's orphan.
-    engine = Engine(
-        settings, SchedulerStore(db), telemetry=telemetry, questions=questions, reap_unknown_orphans=True
-    )
+    engine = Engine(settings, SchedulerStore(db), telemetry=telemetry, questions=questions, reap_unknown_orphans=True)
     # Workers reach only this listener (Unix sockets), never the SchedulerService port.
     sockets = WorkerSockets(settings.worker_socket_dir, engine.worker_uids())
     engine.worker_addr = sockets.addr_for

@@ -381,9 +381,7 @@ class Engine:
     ) -> dict[str, str]:
         # An allow-list: service settings (database URLs, secrets) never reach a worker.
         env = {
-            k: v
-            for k, v in os.environ.items()
-            if k in ALLOWED_ENV or k.startswith("LC_") or k in profile.inherit_env
+            k: v for k, v in os.environ.items() if k in ALLOWED_ENV or k.startswith("LC_") or k in profile.inherit_env
         }
         if run_as is not None:
             env["HOME"] = run_as.home

@@ -37,8 +37,9 @@ POLL_S = 0.02
 TOKEN_FD_ENV = "TASKGATE_WORKER_TOKEN_FD"
 # Exit status of a trampoline whose launch was abandoned (nothing was exec'd).
 ABANDONED = 111
-# $0 names the trampoline in `ps`; stdin is the hold pipe until the exec.
-TRAMPOLINE = 'read -r go && [ "$go" = go ] || exit 111; exec "$@" </dev/null'
+# $0 names the trampoline in `ps`; stdin is the hold pipe until the exec; the
+# shell's own PWD stays out of the worker's allow-listed environment.
+TRAMPOLINE = 'read -r go && [ "$go" = go ] || exit 111; unset PWD; exec "$@" </dev/null'
 
 
 @dataclass(frozen=True)
@@ -278,9 +279,7 @@ def tree_status(
     status = TreeStatus()
     if attempt.cgroup:
         status.in_cgroup = [
-            pid
-            for pid in cgroups.members(Path(attempt.cgroup))
-            if (stat := table.get(pid)) is not None and stat.alive
+            pid for pid in cgroups.members(Path(attempt.cgroup)) if (stat := table.get(pid)) is not None and stat.alive
         ]
     if attempt.pgid is None:
         return status

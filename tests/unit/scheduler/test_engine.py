@@ -83,7 +83,9 @@ class Harness:
             await asyncio.sleep(0.02)
 
 
-def make_settings(tmp_path: Path, addr: str, workers: dict[str, WorkerProfile] | None = None, **tasks: object) -> Settings:
+def make_settings(
+    tmp_path: Path, addr: str, workers: dict[str, WorkerProfile] | None = None, **tasks: object
+) -> Settings:
     task_settings = TaskSettings(
         **{
             "cancel_grace_ms": 300,

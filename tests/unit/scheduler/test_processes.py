@@ -116,7 +116,9 @@ async def test_a_recorded_descendant_outside_the_group_is_stopped_but_never_a_pi
         # As if recorded while it was still the leader's child (it left with setsid).
         record.descendants.append(ProcessIdentity(pid=escaped.pid, start_time=proctree.start_time_of(escaped.pid) or 0))
         # A record whose start time differs: that pid is another process now.
-        record.descendants.append(ProcessIdentity(pid=stranger.pid, start_time=(proctree.start_time_of(stranger.pid) or 0) - 1))
+        record.descendants.append(
+            ProcessIdentity(pid=stranger.pid, start_time=(proctree.start_time_of(stranger.pid) or 0) - 1)
+        )
         status = await processes.stop_tree(record, grace_s=0.5, confirm_s=2)
         assert status.gone
         assert escaped.wait(timeout=5) == -signal.SIGTERM
