@@ -88,6 +88,14 @@ class Cgroups:
     def path_for(self, attempt_id: str) -> Path:
         return self.base / attempt_id
 
+    def sweep(self, keep: set[str | None]) -> int:
+        """Remove the empty attempt cgroups not in ``keep``; a populated one stays (it is proof of a survivor)."""
+        removed = 0
+        for path in self.base.iterdir() if self.base.exists() else ():
+            if path.is_dir() and str(path) not in keep and not populated(path) and remove(path):
+                removed += 1
+        return removed
+
     def create(self, attempt_id: str) -> Path:
         path = self.path_for(attempt_id)
         path.mkdir(exist_ok=True)

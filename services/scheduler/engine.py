@@ -160,6 +160,11 @@ class Engine:
     async def start(self, run_loops: bool = True) -> None:
         self._setup_proof()
         await self.recover()
+        if self.cgroups is not None:
+            # What recovery did not need is an empty leftover of an earlier incarnation.
+            removed = await asyncio.to_thread(self.cgroups.sweep, {a.cgroup for a in self._owned.values()})
+            if removed:
+                log.info("stale_cgroups_removed", count=removed)
         if run_loops:
             self._loops = [
                 asyncio.create_task(self._dispatch_loop(), name="dispatcher"),
@@ -190,7 +195,9 @@ class Engine:
         reason = ""
         if mode != "subreaper":
             try:
-                self.cgroups = cgroups.Cgroups.detect()
+                # One folder per data directory: schedulers of other installations keep theirs.
+                tag = hashlib.sha256(str(self.settings.data_dir.resolve()).encode()).hexdigest()[:12]
+                self.cgroups = cgroups.Cgroups.detect(f"taskgate-{tag}")
             except cgroups.CgroupUnavailable as exc:
                 if mode == "cgroup":
                     raise RuntimeError(f"proof_mode = cgroup, but {exc}") from exc
