@@ -117,3 +117,17 @@ async def test_a_worker_that_cannot_start_fails_the_launch(tmp_path: Path, comma
         assert attempts[0].state == "ended" and attempts[0].outcome == "launch_failed"
     finally:
         await h.close()
+
+
+async def test_a_profile_whose_user_cannot_be_used_fails_its_tasks_clearly(tmp_path: Path) -> None:
+    from libs.settings import WorkerProfile
+
+    h = await start_harness(tmp_path, workers={"ghost": WorkerProfile(command=["true"], user="no-such-user-tg")})
+    try:
+        task = await h.create("ghost")
+        await h.engine.dispatch_once()
+        done = await h.wait(task.task_id, [State.FAILED])
+        assert done.failure and done.failure.code == "WORKER_LAUNCH_FAILED"
+        assert "no-such-user-tg" in done.failure.message
+    finally:
+        await h.close()
