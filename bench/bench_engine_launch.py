@@ -41,7 +41,10 @@ async def engine_round(tmp: Path, mode: str) -> float:
     settings = Settings(
         data_dir=tmp,
         tasks=TaskSettings(
-            max_running=N, supervisor_interval_ms=3_600_000, cancel_grace_ms=200, proof_mode=mode  # type: ignore[arg-type]
+            max_running=N,
+            supervisor_interval_ms=3_600_000,
+            cancel_grace_ms=200,
+            proof_mode=mode,  # type: ignore[arg-type]
         ),
         workers={"sleeper": WorkerProfile(command=["sleep", "300"])},
     )
