@@ -148,6 +148,7 @@ class Engine:
         # the candidates an orphan re-parented to the scheduler may belong to.
         self._owned: dict[str, Attempt] = {}
         self._reapable: set[tuple[int, int]] = set()
+        self._forking: dict[str, int] = {}  # attempt id -> boot tick just before its fork
         self._reap_unknown = reap_unknown_orphans
         self.cgroups: cgroups.Cgroups | None = None
         self.subreaper = False
@@ -452,6 +453,7 @@ class Engine:
             self._owned[attempt.attempt_id] = attempt
             run_as = self._run_as.get(task.profile)
             log_path = self.settings.data_dir.resolve() / "logs" / task_id / f"attempt-{attempt.number}.log"
+            self._forking[attempt_id] = proctree.boot_ticks() - 1
             try:
                 if self.cgroups is not None:
                     await asyncio.to_thread(self.cgroups.create, attempt_id)
@@ -465,6 +467,7 @@ class Engine:
                     cgroup=Path(attempt.cgroup) if attempt.cgroup else None,
                 )
             except OSError as exc:
+                self._forking.pop(attempt_id, None)
                 self._forget(live)
                 self._drop_owned(attempt)
                 attempt.state, attempt.outcome = "ended", "launch_failed"
@@ -479,6 +482,7 @@ class Engine:
                 return False
             live.process = launched.process
             attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
+            self._forking.pop(attempt_id, None)
             try:
                 # The identity is committed while the worker is still held before exec.
                 await self.store.save_attempt(attempt)
@@ -600,7 +604,13 @@ class Engine:
     def _orphan_check(self, table: dict[int, proctree.ProcStat]) -> list[proctree.ProcStat]:
         """Attribute orphans re-parented to the scheduler; those fitting several attempts are returned."""
         leaders = {la.attempt.pid for la in self._live.values() if la.attempt.pid is not None}
-        return processes.attribute_orphans(table, list(self._owned.values()), subreaper.orphans(table, leaders))
+        found = subreaper.orphans(table, leaders)
+        # A child forked by a launch whose pid is not known yet is a leader, not an orphan:
+        # what started since the earliest such fork is neither recorded nor signalled now.
+        floor = min(self._forking.values(), default=None)
+        pending = [o for o in found if floor is not None and o.start_time >= floor]
+        found = [o for o in found if o not in pending]
+        return processes.attribute_orphans(table, list(self._owned.values()), found) + pending
 
     async def _stop_tree(self, attempt: Attempt) -> processes.TreeStatus:
         """SIGTERM, SIGKILL after the grace, then look for proof (see ``processes.stop_tree``)."""

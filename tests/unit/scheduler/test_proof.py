@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -167,4 +168,27 @@ async def test_zombies_of_reparented_orphans_are_reaped_and_leaders_left_to_asyn
         _, attempts = await h.engine.get_task(task.task_id)
         assert attempts[-1].signal == signal.SIGTERM, "asyncio still got the leader's own exit status"
     finally:
+        await h.close()
+
+
+async def test_a_child_still_being_launched_is_never_taken_for_an_orphan(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path, proof_mode="subreaper")
+    child = None
+    try:
+        task = await running(h, "sleeper")
+        # A launch has forked (its pid is not known yet): its child must not become this attempt's.
+        h.engine._forking["f" * 32] = proctree.boot_ticks() - 1
+        child = subprocess.Popen(["sleep", "30"])
+        pending = h.engine._orphan_check(proctree.process_table())
+        assert child.pid in [p.pid for p in pending]
+        attempt = next(a for a in h.engine._owned.values() if a.task_id == task.task_id)
+        assert child.pid not in [d.pid for d in attempt.descendants]
+        child.kill()
+        child.wait()
+        del h.engine._forking["f" * 32]
+        assert (await h.engine.cancel(task.task_id, wait_s=10)).state == State.CANCELLED
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
         await h.close()
