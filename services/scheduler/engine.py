@@ -229,7 +229,8 @@ class Engine:
             self._run_as[name] = run_as
 
     def worker_uids(self) -> set[int]:
-        return {r.uid for r in self._run_as.values() if r is not None}
+        """The uids workers will run as (each gets its own worker socket)."""
+        return {r.uid for name, r in self._run_as.items() if r is not None and name not in self._cannot_run}
 
     async def _drain_background(self) -> None:
         while self._background:
@@ -490,6 +491,8 @@ class Engine:
                 if self.tasks_cfg.fault_hold_launch_ms:
                     log.warning("fault_hold_launch", task_id=task_id, pid=launched.pid)
                     await asyncio.sleep(self.tasks_cfg.fault_hold_launch_ms / 1000)
+                if live.stopping:  # the scheduler shut down during the launch: its stop settles the task
+                    return False
                 attempt.started_at = self.clock.now_ms()
                 attempt.state = "running"
 
