@@ -78,7 +78,7 @@ def cgroup_mode_available() -> bool:
     from services.scheduler import cgroups
 
     try:
-        cgroups.Cgroups.detect()
+        cgroups.Cgroups.detect("taskgate-bench-probe").close()
     except cgroups.CgroupUnavailable as exc:
         print(f"cgroup mode not measured: {exc}")
         return False

@@ -45,9 +45,10 @@ class TaskSettings(_Frozen):
     recent_tools: int = Field(20, ge=1, le=1000)
     observed_paths: int = Field(200, ge=1, le=10_000)
     # How the scheduler proves a stopped attempt left nothing behind: "cgroup" (a
-    # cgroup v2 per attempt, plus the subreaper), "subreaper" (the child subreaper
-    # and recorded descendants only) or "auto" (cgroup where the host allows it).
-    proof_mode: Literal["auto", "cgroup", "subreaper"] = "auto"
+    # cgroup per attempt — v2, else the v1 freezer — plus the subreaper),
+    # "cgroup_v1" (the v1 freezer only), "subreaper" (the child subreaper and
+    # recorded descendants only) or "auto" (cgroup where the host allows it).
+    proof_mode: Literal["auto", "cgroup", "cgroup_v1", "subreaper"] = "auto"
     # FAULT INJECTION, tests only (0 = off): hold each launch this long after the
     # worker was spawned and before its attempt is committed `running`, so a test
     # can kill the scheduler exactly there.

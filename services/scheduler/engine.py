@@ -188,6 +188,8 @@ class Engine:
         if self.subreaper:
             subreaper.resign()
             self.subreaper = False
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.close)
 
     def _setup_proof(self) -> None:
         """Detect and say which proof mode is in force (cgroup + subreaper, or subreaper only)."""
@@ -198,14 +200,15 @@ class Engine:
             try:
                 # One folder per data directory: schedulers of other installations keep theirs.
                 tag = hashlib.sha256(str(self.settings.data_dir.resolve()).encode()).hexdigest()[:12]
-                self.cgroups = cgroups.Cgroups.detect(f"taskgate-{tag}")
+                versions = (1,) if mode == "cgroup_v1" else (2, 1)
+                self.cgroups = cgroups.Cgroups.detect(f"taskgate-{tag}", versions)
             except cgroups.CgroupUnavailable as exc:
-                if mode == "cgroup":
-                    raise RuntimeError(f"proof_mode = cgroup, but {exc}") from exc
+                if mode != "auto":
+                    raise RuntimeError(f"proof_mode = {mode}, but {exc}") from exc
                 reason = str(exc)
         log.info(
             "proof_mode",
-            mode="cgroup" if self.cgroups else "subreaper",
+            mode=f"cgroup_v{self.cgroups.version}" if self.cgroups else "subreaper",
             cgroup_base=str(self.cgroups.base) if self.cgroups else None,
             subreaper=self.subreaper,
             fallback_reason=reason or None,

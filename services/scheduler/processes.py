@@ -234,15 +234,13 @@ def record_descendants(attempt: Attempt, table: dict[int, proctree.ProcStat]) ->
     return _record(attempt, found)
 
 
-def _cgroup_name_of(pid: int) -> str:
+def _cgroup_folders_of(pid: int) -> set[str]:
+    """Every folder name on the process's cgroup paths (v2 and the v1 hierarchies)."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
+            return {part for line in f for part in line.rstrip("\n").split(":", 2)[-1].split("/") if part}
     except OSError:
-        pass
-    return ""
+        return set()
 
 
 def attribute_orphans(
@@ -259,8 +257,8 @@ def attribute_orphans(
     for orphan in orphans:
         if (orphan.pid, orphan.start_time) in recorded:
             continue
-        cgroup = _cgroup_name_of(orphan.pid)
-        by_cgroup = [a for a in owned if a.cgroup and cgroup.endswith("/" + Path(a.cgroup).name)]
+        folders = _cgroup_folders_of(orphan.pid)
+        by_cgroup = [a for a in owned if a.cgroup and Path(a.cgroup).name in folders]
         candidates = by_cgroup or [
             a for a in owned if a.pid_start_time is not None and a.pid_start_time <= orphan.start_time
         ]

@@ -33,9 +33,9 @@ DAEMONS = {
 }
 
 
-def cgroups_available() -> bool:
+def cgroups_available(versions: tuple[int, ...] = (2,)) -> bool:
     try:
-        cgroups.Cgroups.detect()
+        cgroups.Cgroups.detect("taskgate-probe", versions).close()
     except cgroups.CgroupUnavailable:
         return False
     return True
@@ -43,6 +43,9 @@ def cgroups_available() -> bool:
 
 MODES = [
     pytest.param("cgroup", marks=pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")),
+    pytest.param(
+        "cgroup_v1", marks=pytest.mark.skipif(not cgroups_available((1,)), reason="no usable v1 freezer here")
+    ),
     "subreaper",
 ]
 
@@ -97,7 +100,9 @@ async def test_a_detached_daemon_is_stopped_before_cancelled(
     h = await start_harness(tmp_path, db=database, workers=DAEMONS, proof_mode=mode)
     daemon = None
     try:
-        assert (h.engine.cgroups is not None) == (mode == "cgroup") and h.engine.subreaper
+        assert (h.engine.cgroups is not None) == mode.startswith("cgroup") and h.engine.subreaper
+        if h.engine.cgroups is not None:
+            assert h.engine.cgroups.version == (1 if mode == "cgroup_v1" else 2)
         task = await running(h, profile)
         _, daemon = await wait_daemon(h, task)
         done = await h.engine.cancel(task.task_id, wait_s=10)
@@ -111,7 +116,7 @@ async def test_a_detached_daemon_is_stopped_before_cancelled(
         assert done.state == State.CANCELLED and done.cancellation and done.cancellation.cleanup == "confirmed"
         _, attempts = await h.engine.get_task(task.task_id)
         assert (daemon.pid, daemon.start_time) in {(d.pid, d.start_time) for d in attempts[-1].descendants}
-        if mode == "cgroup":
+        if mode.startswith("cgroup"):
             assert attempts[-1].cgroup and not Path(attempts[-1].cgroup).exists(), "the empty cgroup is removed"
     finally:
         if daemon is not None and proctree.identity_matches(daemon.pid, daemon.start_time):
