@@ -52,7 +52,7 @@ async def engine_round(tmp: Path, mode: str) -> float:
     db.migrate()
     engine = Engine(settings, SchedulerStore(db))
     await engine.start(run_loops=False)
-    assert (engine.cgroups is not None) == (mode == "cgroup")
+    assert (engine.cgroups is not None) == mode.startswith("cgroup")
     for i in range(N):
         await engine.create_task(NewTask("agent", "bench", f"t{i}", "", "sleeper", None, None, None))
     began = time.perf_counter()
@@ -74,20 +74,20 @@ async def floor_round() -> float:
     return N / elapsed
 
 
-def cgroup_mode_available() -> bool:
+def cgroup_mode_available(version: int) -> bool:
     from services.scheduler import cgroups
 
     try:
-        cgroups.Cgroups.detect("taskgate-bench-probe").close()
+        cgroups.Cgroups.detect("taskgate-bench-probe", (version,)).close()
     except cgroups.CgroupUnavailable as exc:
-        print(f"cgroup mode not measured: {exc}")
+        print(f"cgroup v{version} mode not measured: {exc}")
         return False
     return True
 
 
 async def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
-    modes = (["cgroup"] if cgroup_mode_available() else []) + ["subreaper"]
+    modes = [m for m, v in (("cgroup", 2), ("cgroup_v1", 1)) if cgroup_mode_available(v)] + ["subreaper"]
     rates: dict[str, list[float]] = {m: [] for m in modes}
     floor_rates = []
     for r in range(ROUNDS):

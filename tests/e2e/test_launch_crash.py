@@ -40,6 +40,7 @@ command = ["sh", "-c", {command}]
 # subreaper-only mode: the held identity and the group are what recovery can prove.
 COMMANDS = {
     "cgroup": "setsid sh -c 'sleep 33 &'; sleep 300",
+    "cgroup_v1": "setsid sh -c 'sleep 33 &'; sleep 300",
     "subreaper": "sleep 33 & sleep 300",
 }
 
@@ -56,8 +57,8 @@ def log_events(proc: ServiceProcess, event: str) -> list[dict[str, object]]:
     return found
 
 
-def the_workers(leader_start: int) -> list[proctree.ProcStat]:
-    """Live processes of the launched worker: the `sh` leader and its `sleep 33`."""
+def the_workers(leader: int, leader_start: int) -> list[proctree.ProcStat]:
+    """Live processes of the launched worker: the `sh` leader and its `sleep 33` (not the passing shells)."""
     found = []
     for stat in proctree.process_table().values():
         if not stat.alive or stat.start_time < leader_start:
@@ -66,7 +67,7 @@ def the_workers(leader_start: int) -> list[proctree.ProcStat]:
             cmdline = Path(f"/proc/{stat.pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if cmdline == b"sleep\x0033\x00" or b"sleep 33" in cmdline:
+        if cmdline == b"sleep\x0033\x00" or stat.pid == leader:
             found.append(stat)
     return found
 
@@ -75,6 +76,7 @@ def the_workers(leader_start: int) -> list[proctree.ProcStat]:
     "mode",
     [
         pytest.param("cgroup", marks=pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2")),
+        pytest.param("cgroup_v1", marks=pytest.mark.skipif(not cgroups_available((1,)), reason="no v1 freezer")),
         "subreaper",
     ],
 )
@@ -108,7 +110,7 @@ def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
             leader_start = proctree.start_time_of(leader)
             assert leader_start is not None
             deadline = time.monotonic() + 10
-            while len(survivors := the_workers(leader_start)) < 2:
+            while len(survivors := the_workers(leader, leader_start)) < 2:
                 assert time.monotonic() < deadline, "the released worker did not start its child"
                 time.sleep(0.02)
             assert stub.GetTask(pb.GetTaskRequest(task_id=task.task_id), timeout=10).task.state == pb.TASK_STATE_QUEUED
