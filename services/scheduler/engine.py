@@ -189,6 +189,7 @@ class Engine:
             subreaper.resign()
             self.subreaper = False
         if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.sweep, {a.cgroup for a in self._owned.values()})
             await asyncio.to_thread(self.cgroups.close)
 
     def _setup_proof(self) -> None:

@@ -143,4 +143,6 @@ def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
             second.stop()
         for p in survivors:
             if proctree.identity_matches(p.pid, p.start_time):
+                if p.pgid == p.pid:  # the leader: its whole group (the `sleep 300` too)
+                    os.killpg(p.pgid, signal.SIGKILL)
                 os.kill(p.pid, signal.SIGKILL)
