@@ -52,7 +52,7 @@ async def engine_round(tmp: Path, mode: str) -> float:
     db.migrate()
     engine = Engine(settings, SchedulerStore(db))
     await engine.start(run_loops=False)
-    assert (engine.cgroups is not None) == mode.startswith("cgroup")
+    assert (engine.ownership.cgroups is not None) == mode.startswith("cgroup")
     for i in range(N):
         await engine.create_task(NewTask("agent", "bench", f"t{i}", "", "sleeper", None, None, None))
     began = time.perf_counter()

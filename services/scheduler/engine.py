@@ -25,7 +25,7 @@ import structlog
 from libs import errors, proctree
 from libs.ids import time_ordered_id
 from libs.settings import Settings, WorkerProfile
-from services.scheduler import cgroups, domain, processes, subreaper
+from services.scheduler import cgroups, domain, processes
 from services.scheduler.domain import (
     ACTIVE,
     Attempt,
@@ -44,6 +44,7 @@ from services.scheduler.domain import (
     Verdict,
 )
 from services.scheduler.events import EventHub, TaskEvent
+from services.scheduler.ownership import Ownership
 from services.scheduler.store import SchedulerStore, StoredEvent
 
 log = structlog.get_logger("scheduler")
@@ -144,28 +145,16 @@ class Engine:
         self._closing = False
         # The worker API's address for a worker uid (see ``worker_api.WorkerSockets``).
         self.worker_addr: Callable[[int | None], str] = worker_addr or (lambda uid: "")
-        # Attempts of this incarnation whose processes are not yet proven gone:
-        # the candidates an orphan re-parented to the scheduler may belong to.
-        self._owned: dict[str, Attempt] = {}
-        self._reapable: set[tuple[int, int]] = set()
-        self._forking: dict[str, int] = {}  # attempt id -> boot tick just before its fork
-        self._reap_unknown = reap_unknown_orphans
-        self.cgroups: cgroups.Cgroups | None = None
-        self.subreaper = False
-        self._run_as: dict[str, processes.RunAs | None] = {}
-        self._cannot_run: dict[str, str] = {}  # profile -> why it cannot be launched here
-        self._resolve_users()
+        self.ownership = Ownership(table_reader, self._leader_pids, reap_unknown_orphans)
+        # Who each profile's workers run as; why a profile cannot be launched here.
+        self._run_as, self._cannot_run = processes.resolve_profiles(settings.workers)
 
     # --- lifecycle -----------------------------------------------------------
 
     async def start(self, run_loops: bool = True) -> None:
-        self._setup_proof()
+        self.ownership.start(self.tasks_cfg.proof_mode, self.settings.data_dir)
         await self.recover()
-        if self.cgroups is not None:
-            # What recovery did not need is an empty leftover of an earlier incarnation.
-            removed = await asyncio.to_thread(self.cgroups.sweep, {a.cgroup for a in self._owned.values()})
-            if removed:
-                log.info("stale_cgroups_removed", count=removed)
+        await self.ownership.sweep()  # what recovery did not need is an empty leftover
         if run_loops:
             self._loops = [
                 asyncio.create_task(self._dispatch_loop(), name="dispatcher"),
@@ -185,52 +174,10 @@ class Engine:
             return_exceptions=True,
         )
         await self._drain_background()
-        if self.subreaper:
-            subreaper.resign()
-            self.subreaper = False
-        if self.cgroups is not None:
-            await asyncio.to_thread(self.cgroups.sweep, {a.cgroup for a in self._owned.values()})
-            await asyncio.to_thread(self.cgroups.close)
+        await self.ownership.close()
 
-    def _setup_proof(self) -> None:
-        """Detect and say which proof mode is in force (cgroup + subreaper, or subreaper only)."""
-        mode = self.tasks_cfg.proof_mode
-        self.subreaper = subreaper.become()
-        reason = ""
-        if mode != "subreaper":
-            try:
-                # One folder per data directory: schedulers of other installations keep theirs.
-                tag = hashlib.sha256(str(self.settings.data_dir.resolve()).encode()).hexdigest()[:12]
-                versions = (1,) if mode == "cgroup_v1" else (2, 1)
-                self.cgroups = cgroups.Cgroups.detect(f"taskgate-{tag}", versions)
-            except cgroups.CgroupUnavailable as exc:
-                if mode != "auto":
-                    raise RuntimeError(f"proof_mode = {mode}, but {exc}") from exc
-                reason = str(exc)
-        log.info(
-            "proof_mode",
-            mode=f"cgroup_v{self.cgroups.version}" if self.cgroups else "subreaper",
-            cgroup_base=str(self.cgroups.base) if self.cgroups else None,
-            subreaper=self.subreaper,
-            fallback_reason=reason or None,
-            requested=mode,
-        )
-        if not self.subreaper:
-            log.warning("subreaper_unavailable", detail="orphaned worker descendants re-parent to init")
-
-    def _resolve_users(self) -> None:
-        """Profiles naming a user/group run as it; say clearly when that cannot work here."""
-        for name, profile in self.settings.workers.items():
-            try:
-                run_as = processes.resolve_user(profile.user, profile.group)
-            except KeyError as exc:
-                self._cannot_run[name] = f"unknown user or group {exc.args[0]}"
-                log.error("worker_user_unknown", profile=name, detail=self._cannot_run[name])
-                continue
-            if run_as is not None and os.geteuid() != 0 and run_as.uid != os.geteuid():
-                self._cannot_run[name] = "the scheduler does not run as root, so it cannot switch users"
-                log.error("worker_user_switch_impossible", profile=name, user=profile.user, uid=os.geteuid())
-            self._run_as[name] = run_as
+    def _leader_pids(self) -> set[int]:
+        return {la.attempt.pid for la in self._live.values() if la.attempt.pid is not None}
 
     def worker_uids(self) -> set[int]:
         """The uids workers will run as (each gets its own worker socket)."""
@@ -447,7 +394,7 @@ class Engine:
                 harness=task.harness,
                 harness_model=task.harness_model,
                 state="launching",
-                cgroup=str(self.cgroups.path_for(attempt_id)) if self.cgroups else None,
+                cgroup=self.ownership.cgroup_for(attempt_id),
             )
             # Committed before the fork: whatever happens next, recovery finds this row.
             await self.store.save_attempt(attempt)
@@ -455,13 +402,10 @@ class Engine:
             # Registered before the process exists, so its first call always finds it.
             self._live[task_id] = live
             self._by_token[attempt.token_hash] = live
-            self._owned[attempt.attempt_id] = attempt
             run_as = self._run_as.get(task.profile)
             log_path = self.settings.data_dir.resolve() / "logs" / task_id / f"attempt-{attempt.number}.log"
-            self._forking[attempt_id] = proctree.boot_ticks() - 1
             try:
-                if self.cgroups is not None:
-                    await asyncio.to_thread(self.cgroups.create, attempt_id)
+                await self.ownership.forking(attempt)
                 launched = await processes.launch(
                     profile.command,
                     Path(task.workspace_path),
@@ -472,9 +416,8 @@ class Engine:
                     cgroup=Path(attempt.cgroup) if attempt.cgroup else None,
                 )
             except OSError as exc:
-                self._forking.pop(attempt_id, None)
                 self._forget(live)
-                self._drop_owned(attempt)
+                self.ownership.drop(attempt)
                 attempt.state, attempt.outcome = "ended", "launch_failed"
                 if attempt.cgroup:
                     await asyncio.to_thread(cgroups.remove, Path(attempt.cgroup))
@@ -487,7 +430,7 @@ class Engine:
                 return False
             live.process = launched.process
             attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
-            self._forking.pop(attempt_id, None)
+            self.ownership.forked(attempt)
             try:
                 # The identity is committed while the worker is still held before exec.
                 await self.store.save_attempt(attempt)
@@ -538,7 +481,7 @@ class Engine:
         failure = Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=f"the launch failed after the spawn: {exc}")
         try:
             if status.gone:
-                self._drop_owned(attempt)
+                self.ownership.drop(attempt)
                 await self._finish(attempt.task_id, State.FAILED, failure, attempt=attempt)
             else:
                 outcome = PendingOutcome(state=State.FAILED, failure=failure)
@@ -588,55 +531,24 @@ class Engine:
             self._forget(live)
             self._wake.set()
 
-    def _stop_context(self) -> processes.StopContext:
-        return processes.StopContext(
-            table_reader=self._table_reader,
-            orphan_check=self._orphan_check if self.subreaper else None,
-            cgroup_kill=self.cgroups.has_kill if self.cgroups else False,
-        )
-
-    def _drop_owned(self, attempt: Attempt) -> None:
-        """The attempt's tree is proven gone; its zombies (re-parented orphans) may still be reaped."""
-        if self._owned.pop(attempt.attempt_id, None) is not None:
-            self._reapable.update((d.pid, d.start_time) for d in attempt.descendants)
-
-    def _reap_orphans(self, table: dict[int, proctree.ProcStat]) -> None:
-        known = {(d.pid, d.start_time) for a in self._owned.values() for d in a.descendants} | self._reapable
-        if self._reap_unknown:  # nothing but workers is ever a child of this process
-            leaders = {la.attempt.pid for la in self._live.values()}
-            known |= {(p.pid, p.start_time) for p in table.values() if p.ppid == os.getpid() and p.pid not in leaders}
-        for pid in subreaper.reap(table, known):
-            self._reapable = {r for r in self._reapable if r[0] != pid}
-
-    def _orphan_check(self, table: dict[int, proctree.ProcStat]) -> list[proctree.ProcStat]:
-        """Attribute orphans re-parented to the scheduler; those fitting several attempts are returned."""
-        leaders = {la.attempt.pid for la in self._live.values() if la.attempt.pid is not None}
-        found = subreaper.orphans(table, leaders)
-        # A child forked by a launch whose pid is not known yet is a leader, not an orphan:
-        # what started since the earliest such fork is neither recorded nor signalled now.
-        floor = min(self._forking.values(), default=None)
-        pending = [o for o in found if floor is not None and o.start_time >= floor]
-        found = [o for o in found if o not in pending]
-        return processes.attribute_orphans(table, list(self._owned.values()), found) + pending
-
     async def _stop_tree(self, attempt: Attempt) -> processes.TreeStatus:
         """SIGTERM, SIGKILL after the grace, then look for proof (see ``processes.stop_tree``)."""
         status = await processes.stop_tree(
             attempt,
             self.tasks_cfg.cancel_grace_ms / 1000,
             self.tasks_cfg.cleanup_confirm_ms / 1000,
-            ctx=self._stop_context(),
+            ctx=self.ownership.stop_context(),
         )
         if status.gone:
-            self._drop_owned(attempt)
+            self.ownership.drop(attempt)
         return status
 
     async def _reap_leftovers(self, live: LiveAttempt) -> None:
         """Processes a worker leaves behind (group, cgroup, recorded daemons) end with it."""
-        ctx = self._stop_context()
+        ctx = self.ownership.stop_context()
         status = await asyncio.to_thread(processes.look, live.attempt, ctx)
         if status.gone:
-            self._drop_owned(live.attempt)
+            self.ownership.drop(live.attempt)
             if live.attempt.cgroup:
                 await asyncio.to_thread(cgroups.remove, Path(live.attempt.cgroup))
             return
@@ -842,12 +754,10 @@ class Engine:
     async def supervise_once(self) -> None:
         """One pass over the live attempts: record descendants, apply the timers."""
         live = [la for la in self._live.values() if la.process is not None and not la.stopping]
-        if not live and not self._owned and not self._reapable:
+        if not live and not self.ownership.busy:
             return
         table = await asyncio.to_thread(self._table_reader)
-        if self.subreaper:
-            await asyncio.to_thread(self._orphan_check, table)
-            self._reap_orphans(table)
+        await asyncio.to_thread(self.ownership.look_after, table)
         now = self.clock.now_ms()
         for la in live:
             if processes.record_descendants(la.attempt, table):

@@ -29,9 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import structlog
+
 from libs import proctree
+from libs.settings import WorkerProfile
 from services.scheduler import cgroups
 from services.scheduler.domain import Attempt, ProcessIdentity
+
+log = structlog.get_logger("scheduler")
 
 POLL_S = 0.02
 TOKEN_FD_ENV = "TASKGATE_WORKER_TOKEN_FD"
@@ -47,6 +52,24 @@ class RunAs:
     uid: int
     gid: int
     home: str
+
+
+def resolve_profiles(profiles: Mapping[str, WorkerProfile]) -> tuple[dict[str, RunAs | None], dict[str, str]]:
+    """Who each profile's workers run as, and why a profile cannot be launched here (said at start-up)."""
+    run_as: dict[str, RunAs | None] = {}
+    cannot: dict[str, str] = {}
+    for name, profile in profiles.items():
+        try:
+            run_as[name] = resolve_user(profile.user, profile.group)
+        except KeyError as exc:
+            cannot[name] = f"unknown user or group {exc.args[0]}"
+            log.error("worker_user_unknown", profile=name, detail=cannot[name])
+            continue
+        wanted = run_as[name]
+        if wanted is not None and os.geteuid() != 0 and wanted.uid != os.geteuid():
+            cannot[name] = "the scheduler does not run as root, so it cannot switch users"
+            log.error("worker_user_switch_impossible", profile=name, user=profile.user, uid=os.geteuid())
+    return run_as, cannot
 
 
 def resolve_user(user: str | None, group: str | None) -> RunAs | None:

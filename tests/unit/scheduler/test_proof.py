@@ -100,9 +100,9 @@ async def test_a_detached_daemon_is_stopped_before_cancelled(
     h = await start_harness(tmp_path, db=database, workers=DAEMONS, proof_mode=mode)
     daemon = None
     try:
-        assert (h.engine.cgroups is not None) == mode.startswith("cgroup") and h.engine.subreaper
-        if h.engine.cgroups is not None:
-            assert h.engine.cgroups.version == (1 if mode == "cgroup_v1" else 2)
+        assert (h.engine.ownership.cgroups is not None) == mode.startswith("cgroup") and h.engine.ownership.subreaper
+        if h.engine.ownership.cgroups is not None:
+            assert h.engine.ownership.cgroups.version == (1 if mode == "cgroup_v1" else 2)
         task = await running(h, profile)
         _, daemon = await wait_daemon(h, task)
         done = await h.engine.cancel(task.task_id, wait_s=10)
@@ -182,15 +182,15 @@ async def test_a_child_still_being_launched_is_never_taken_for_an_orphan(tmp_pat
     try:
         task = await running(h, "sleeper")
         # A launch has forked (its pid is not known yet): its child must not become this attempt's.
-        h.engine._forking["f" * 32] = proctree.boot_ticks() - 1
+        h.engine.ownership._forking["f" * 32] = proctree.boot_ticks() - 1
         child = subprocess.Popen(["sleep", "30"])
-        pending = h.engine._orphan_check(proctree.process_table())
+        pending = h.engine.ownership.orphan_check(proctree.process_table())
         assert child.pid in [p.pid for p in pending]
-        attempt = next(a for a in h.engine._owned.values() if a.task_id == task.task_id)
+        attempt = next(a for a in h.engine.ownership.owned.values() if a.task_id == task.task_id)
         assert child.pid not in [d.pid for d in attempt.descendants]
         child.kill()
         child.wait()
-        del h.engine._forking["f" * 32]
+        del h.engine.ownership._forking["f" * 32]
         assert (await h.engine.cancel(task.task_id, wait_s=10)).state == State.CANCELLED
     finally:
         if child is not None:
