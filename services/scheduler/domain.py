@@ -63,8 +63,11 @@ TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED})
 ACTIVE = frozenset({State.RUNNING, State.WAITING_INPUT, State.CANCEL_REQUESTED, State.RECOVERING})
 
 _ALLOWED: dict[State, frozenset[State]] = {
-    # needs_reconciliation: a launch interrupted before `running` whose worker may live.
-    State.QUEUED: frozenset({State.RUNNING, State.CANCELLED, State.FAILED, State.NEEDS_RECONCILIATION}),
+    # cancel_requested / needs_reconciliation: a launch an earlier incarnation did not
+    # commit `running`, whose worker may still live.
+    State.QUEUED: frozenset(
+        {State.RUNNING, State.CANCELLED, State.FAILED, State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION}
+    ),
     State.RUNNING: frozenset(
         {
             State.WAITING_INPUT,

@@ -605,10 +605,11 @@ class Engine:
                 return task
             cancellation = Cancellation(requested_at=now, cause=cause, replaced_by_task_id=replaced_by)
             live = self._live.get(task_id)
-            if live is None and task.state != State.QUEUED:
-                # Not launched by this incarnation: stop what the last attempt recorded.
+            if live is None:
+                # Not launched by this incarnation: stop what the last attempt recorded
+                # (for a queued task: a launch an earlier incarnation did not finish).
                 attempts = await self.store.attempts_of(task_id)
-                if attempts:
+                if attempts and (task.state != State.QUEUED or attempts[-1].state == "launching"):
                     live = LiveAttempt(
                         attempt=attempts[-1],
                         profile=self.settings.workers.get(task.profile, WorkerProfile(command=["unknown"])),

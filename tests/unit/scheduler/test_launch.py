@@ -6,6 +6,7 @@ stops the tree. Real workers, a real gRPC worker listener, SQLite and PostgreSQL
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -131,3 +132,32 @@ async def test_a_profile_whose_user_cannot_be_used_fails_its_tasks_clearly(tmp_p
         assert "no-such-user-tg" in done.failure.message
     finally:
         await h.close()
+
+
+async def test_a_cancel_reaching_an_unfinished_launch_of_an_earlier_boot_stops_it_first(tmp_path: Path) -> None:
+    from services.scheduler.engine import Engine
+
+    first = await start_harness(tmp_path, fault_hold_launch_ms=600_000)
+    task = await first.create("sleeper")
+    dispatch = asyncio.create_task(first.engine.dispatch_once())
+    deadline = time.monotonic() + 15
+    while not (attempts := await first.engine.store.attempts_of(task.task_id)) or attempts[0].pid is None:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    pid, start = attempts[0].pid, attempts[0].pid_start_time or -1
+    # A crash while the launch is held: nothing of the first incarnation runs any more.
+    dispatch.cancel()
+    await asyncio.gather(dispatch, return_exceptions=True)
+    await first.worker_server.stop(0)
+    await first.host.server.stop(0)
+    first.sockets.close()
+    assert proctree.identity_matches(pid, start) and attempts[0].state == "launching"
+    second = Engine(first.engine.settings, SchedulerStore(first.db))  # before its recovery ran
+    try:
+        done = await second.cancel(task.task_id, wait_s=10)
+        assert done.state == State.CANCELLED, "the queued task's launch is stopped before it is cancelled"
+        assert not proctree.identity_matches(pid, start)
+    finally:
+        if proctree.identity_matches(pid, start):
+            os.kill(pid, 9)
+        first.db.close()
