@@ -44,7 +44,7 @@ TOKEN_FD_ENV = "TASKGATE_WORKER_TOKEN_FD"
 ABANDONED = 111
 # $0 names the trampoline in `ps`; stdin is the hold pipe until the exec; the
 # shell's own PWD stays out of the worker's allow-listed environment.
-TRAMPOLINE = 'read -r go && [ "$go" = go ] || exit 111; unset PWD; exec "$@" </dev/null'
+TRAMPOLINE = f'read -r go && [ "$go" = go ] || exit {ABANDONED}; unset PWD; exec "$@" </dev/null'
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,10 @@ async def launch(
     tok_r, tok_w = os.pipe()
     os.set_inheritable(go_w, False)
     try:
-        os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
-        os.close(tok_w)
+        try:
+            os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
+        finally:
+            os.close(tok_w)
         # The services run with umask 077 (private files); a worker gets the usual one.
         extra: dict[str, object] = {"umask": 0o022}
         if run_as is not None:

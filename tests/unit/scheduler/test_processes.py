@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,18 @@ async def test_a_recorded_descendant_outside_the_group_is_stopped_but_never_a_pi
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+async def test_a_held_launch_runs_nothing_unless_released(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    env = {"PATH": os.environ["PATH"]}
+    command = ["sh", "-c", f"touch {marker}; cat /proc/self/fd/$TASKGATE_WORKER_TOKEN_FD > {tmp_path / 'token'}"]
+    held = await processes.launch(command, tmp_path, env, tmp_path / "abandoned.log", "tok")
+    assert held.start_time == proctree.start_time_of(held.pid), "the identity is known while it is held"
+    held.abandon()  # as when the scheduler dies before the release
+    assert await held.process.wait() == processes.ABANDONED and not marker.exists()
+
+    released = await processes.launch(command, tmp_path, env, tmp_path / "released.log", "tok")
+    released.release()
+    assert await released.process.wait() == 0 and marker.exists()
+    assert (tmp_path / "token").read_text() == "tok", "the token arrives through its pipe"
