@@ -63,7 +63,7 @@ async def test_the_attempt_row_is_committed_launching_before_the_fork(tmp_path: 
 
 
 async def test_a_first_report_before_running_commits_is_accepted(tmp_path: Path) -> None:
-    h = await start_harness(tmp_path, fault_hold_launch_ms=3000)
+    h = await start_harness(tmp_path, fault_hold_launch_ms=6000)  # generous: the worker must start and report within it
     try:
         task = await h.create("behave", [{"progress": "early bird"}, {"sleep": 300}])
         dispatch = asyncio.create_task(h.engine.dispatch_once())

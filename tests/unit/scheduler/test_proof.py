@@ -163,7 +163,6 @@ async def test_zombies_of_reparented_orphans_are_reaped_and_leaders_left_to_asyn
         os.kill(daemon.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while (stat := proctree.read_stat(daemon.pid)) is not None and stat.start_time == daemon.start_time:
-            assert stat.state in ("Z", "S", "R"), stat
             await h.engine.supervise_once()
             assert time.monotonic() < deadline, "the zombie was not reaped"
         leader = attempts[-1].pid or -1
