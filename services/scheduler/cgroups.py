@@ -123,7 +123,7 @@ class Cgroups:
 
     def create(self, attempt_id: str) -> Path:
         path = self.path_for(attempt_id)
-        path.mkdir(exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)  # the folder itself may have been cleaned up meanwhile
         return path
 
 

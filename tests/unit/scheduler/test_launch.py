@@ -160,4 +160,5 @@ async def test_a_cancel_reaching_an_unfinished_launch_of_an_earlier_boot_stops_i
     finally:
         if proctree.identity_matches(pid, start):
             os.kill(pid, 9)
+        await first.engine.ownership.close()
         first.db.close()
