@@ -10,6 +10,7 @@ loop.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,7 @@ def make_engine(url: str) -> Engine:
     if is_sqlite(url):
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -55,6 +56,8 @@ def make_engine(url: str) -> Engine:
             # begin, so DDL is transactional too.
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
+            if path and path != ":memory:":
+                os.chmod(path, 0o600)  # whatever the umask: a database is its service's alone
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")

@@ -113,7 +113,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if not REQUEST_ID_PATTERN.fullmatch(request_id):
             request_id = uuid.uuid4().hex
         caller = "-"
-        if self._auth is not None and internal_auth.requires_caller(method):
+        if self._auth is not None:
             identity = self._auth.identify(metadata.get(internal_auth.AUTHORIZATION_KEY))
             if identity is None:
                 log.warning("rpc_unauthenticated", rpc=method, request_id=request_id)

@@ -78,17 +78,10 @@ def allowed(identity: str, method: str) -> bool:
     return service + "*" in rules
 
 
-# Authenticated by the per-attempt worker token in the servicer instead.
-WORKER_TOKEN_PREFIXES = ("/taskgate.scheduler.v1.WorkerService/",)
-
-
 def exempt(method: str) -> bool:
     """Health checking and reflection: open to anyone who can connect."""
     return method.startswith(EXEMPT_PREFIXES)
 
-
-def requires_caller(method: str) -> bool:
-    return not exempt(method) and not method.startswith(WORKER_TOKEN_PREFIXES)
 
 
 def _digest(secret: str) -> bytes:

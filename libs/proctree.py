@@ -8,6 +8,7 @@ recorded is another process, whatever its number.
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -49,6 +50,11 @@ def read_stat(pid: int) -> ProcStat | None:
 def start_time_of(pid: int) -> int | None:
     stat = read_stat(pid)
     return stat.start_time if stat and stat.alive else None
+
+
+def boot_ticks() -> int:
+    """Now, in the unit of kernel start times (clock ticks since boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 def identity_matches(pid: int, start_time: int) -> bool:

@@ -44,6 +44,15 @@ class TaskSettings(_Frozen):
     supervisor_interval_ms: int = Field(1_000, ge=10)
     recent_tools: int = Field(20, ge=1, le=1000)
     observed_paths: int = Field(200, ge=1, le=10_000)
+    # How the scheduler proves a stopped attempt left nothing behind: "cgroup" (a
+    # cgroup per attempt — v2, else the v1 freezer — plus the subreaper),
+    # "cgroup_v1" (the v1 freezer only), "subreaper" (the child subreaper and
+    # recorded descendants only) or "auto" (cgroup where the host allows it).
+    proof_mode: Literal["auto", "cgroup", "cgroup_v1", "subreaper"] = "auto"
+    # FAULT INJECTION, tests only (0 = off): hold each launch this long after the
+    # worker was spawned and before its attempt is committed `running`, so a test
+    # can kill the scheduler exactly there.
+    fault_hold_launch_ms: int = Field(0, ge=0)
 
     @classmethod
     def _aliases(cls, raw: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +71,12 @@ class WorkerProfile(_Frozen):
     # Working directory; default is the agent's workspace folder.
     workspace: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # Names of the scheduler's own environment variables passed on to the worker
+    # (besides the fixed allow-list PATH, HOME, LANG, LC_*, TZ, TMPDIR).
+    inherit_env: list[str] = Field(default_factory=list)
+    # Run the worker as this user/group (needs a scheduler running as root).
+    user: str | None = None
+    group: str | None = None
     # The worker uses the SDK and must make first contact within first_report_timeout_ms.
     uses_sdk: bool = False
 
@@ -85,6 +100,9 @@ class Settings(_Frozen):
     telemetry_addr: str = "127.0.0.1:50053"
     notifier_addr: str = "127.0.0.1:50054"
     http_addr: str = "127.0.0.1:8080"
+    # Directory for the worker API's Unix socket(s); empty means a fresh private
+    # directory under the system's temporary folder per scheduler incarnation.
+    worker_socket_dir: str = ""
     # Empty means SQLite under data_dir.
     scheduler_db_url: str = ""
     pending_db_url: str = ""

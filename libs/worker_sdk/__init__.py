@@ -7,10 +7,19 @@
 
 Synchronous on purpose: workers are ordinary scripts. Every call carries the
 per-attempt worker token; transient unavailability is retried with backoff.
+
+The worker API's address comes in ``TASKGATE_WORKER_ADDR`` (a Unix socket that
+serves only the worker API). The token comes through an inherited pipe named by
+``TASKGATE_WORKER_TOKEN_FD``, read once and closed — never through the
+environment, which same-user processes can read from ``/proc/<pid>/environ``.
+Before reading it the SDK marks the process non-dumpable, so a same-user sibling
+cannot read its memory or its open files through ``/proc`` either.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -24,6 +33,9 @@ from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 TOKEN_METADATA_KEY = "x-taskgate-worker-token"
+ADDR_ENV = "TASKGATE_WORKER_ADDR"
+TOKEN_FD_ENV = "TASKGATE_WORKER_TOKEN_FD"
+_PR_SET_DUMPABLE = 4
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 T = TypeVar("T")
 
@@ -40,6 +52,36 @@ class Assignment:
     instructions: str
     resume: bool
     last_progress: str
+
+
+def read_token(fd: int) -> str:
+    """Read the worker token once from the pipe taskgate handed over, then close it."""
+    _not_dumpable()
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    except OSError as exc:
+        raise WorkerError(f"cannot read the worker token from fd {fd}: {exc.strerror}") from exc
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    os.environ.pop(TOKEN_FD_ENV, None)  # children must not take the number for the pipe
+    token = b"".join(chunks).decode().strip()
+    if not token:
+        raise WorkerError("the worker token was already read (by this process or another)")
+    return token
+
+
+def _not_dumpable() -> None:
+    """Same-user processes lose access to this process's /proc files (memory, fds, environ)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the pipe still keeps the token out of the environment
 
 
 class Worker:
@@ -68,13 +110,16 @@ class Worker:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Worker:
+        """Connect as the worker taskgate started: the address from the environment, the token from its pipe."""
         env = os.environ if environ is None else environ
         try:
-            addr = env["TASKGATE_SCHEDULER_ADDR"]
-            token = env["TASKGATE_WORKER_TOKEN"]
+            addr = env[ADDR_ENV]
+            fd = int(env[TOKEN_FD_ENV])
         except KeyError as exc:
             raise WorkerError(f"{exc.args[0]} is not set: this process was not started by taskgate") from exc
-        return cls(grpc.insecure_channel(addr), token)
+        except ValueError as exc:
+            raise WorkerError(f"{TOKEN_FD_ENV} is not a file descriptor number") from exc
+        return cls(grpc.insecure_channel(addr), read_token(fd))
 
     @property
     def task_id(self) -> str:

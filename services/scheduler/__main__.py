@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 
+import grpc
+import structlog
+
 from libs.db import Database
 from libs.grpc_client import ClientSecurity
 from libs.grpc_server import serve
@@ -14,7 +17,10 @@ from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
 from services.scheduler.telemetry import TelemetryClient
+from services.scheduler.worker_api import WorkerSockets, start_worker_server
 from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = structlog.get_logger("scheduler")
 
 
 async def main() -> None:
@@ -25,25 +31,35 @@ async def main() -> None:
     security = ClientSecurity.for_identity(settings, "scheduler")
     telemetry = TelemetryClient(settings.telemetry_addr, security)
     questions = QuestionsClient(settings.pending_addr, security)
-    engine = Engine(settings, SchedulerStore(db), telemetry=telemetry, questions=questions)
+    # This process spawns nothing but workers, so every other child is a worker's orphan.
+    engine = Engine(settings, SchedulerStore(db), telemetry=telemetry, questions=questions, reap_unknown_orphans=True)
+    # Workers reach only this listener (Unix sockets), never the SchedulerService port.
+    sockets = WorkerSockets(settings.worker_socket_dir, engine.worker_uids())
+    engine.worker_addr = sockets.addr_for
+    worker_server: grpc.aio.Server | None = None
 
     async def started() -> None:
+        nonlocal worker_server
+        worker_server = await start_worker_server(
+            lambda server: scheduler_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine), server),
+            sockets,
+        )
+        log.info("worker_api_listening", addrs=[sockets.addr_for(uid) for uid in sockets.uids])
         telemetry.start(engine.record_observation)
         await engine.start()
 
     async def stopping() -> None:
         await engine.shutdown()
+        if worker_server is not None:
+            await worker_server.stop(1.0)
+        sockets.close()
         await telemetry.close()
         await questions.close()
 
     def register(server: object) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
-        scheduler_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine), server)
 
-    names = [
-        scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
-        scheduler_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name,
-    ]
+    names = [scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name]
     try:
         await serve(
             addr=settings.scheduler_addr,

@@ -63,7 +63,11 @@ TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED})
 ACTIVE = frozenset({State.RUNNING, State.WAITING_INPUT, State.CANCEL_REQUESTED, State.RECOVERING})
 
 _ALLOWED: dict[State, frozenset[State]] = {
-    State.QUEUED: frozenset({State.RUNNING, State.CANCELLED, State.FAILED}),
+    # cancel_requested / needs_reconciliation: a launch an earlier incarnation did not
+    # commit `running`, whose worker may still live.
+    State.QUEUED: frozenset(
+        {State.RUNNING, State.CANCELLED, State.FAILED, State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION}
+    ),
     State.RUNNING: frozenset(
         {
             State.WAITING_INPUT,
@@ -183,6 +187,11 @@ class Attempt(BaseModel):
     outcome: str | None = None
     first_contact_at: int | None = None
     descendants: list[ProcessIdentity] = Field(default_factory=list)
+    # "launching" (committed before the fork, pid unknown or not yet running)
+    # -> "running" -> "ended"; None on rows written before the launch protocol.
+    state: str | None = None
+    # The attempt's own cgroup (cgroup mode): the stop kills it, empty is proof.
+    cgroup: str | None = None
 
 
 class PendingQuestion(BaseModel):

@@ -25,7 +25,7 @@ import structlog
 from libs import errors, proctree
 from libs.ids import time_ordered_id
 from libs.settings import Settings, WorkerProfile
-from services.scheduler import domain, processes
+from services.scheduler import cgroups, domain, processes
 from services.scheduler.domain import (
     ACTIVE,
     Attempt,
@@ -44,11 +44,15 @@ from services.scheduler.domain import (
     Verdict,
 )
 from services.scheduler.events import EventHub, TaskEvent
+from services.scheduler.ownership import Ownership
 from services.scheduler.store import SchedulerStore, StoredEvent
 
 log = structlog.get_logger("scheduler")
 
 USER_CANCELED = "user_canceled"
+# What a worker's environment may inherit from the scheduler's (plus LC_* and the
+# profile's own `env` and `inherit_env`).
+ALLOWED_ENV = frozenset({"PATH", "HOME", "LANG", "TZ", "TMPDIR"})
 
 
 class Clock(Protocol):
@@ -120,6 +124,8 @@ class Engine:
         questions: QuestionsPort | None = None,
         boot_id: str | None = None,
         table_reader: Callable[[], dict[int, proctree.ProcStat]] = proctree.process_table,
+        worker_addr: Callable[[int | None], str] | None = None,
+        reap_unknown_orphans: bool = False,
     ) -> None:
         self.settings = settings
         self.tasks_cfg = settings.tasks
@@ -137,11 +143,18 @@ class Engine:
         self._background: set[asyncio.Task[object]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
+        # The worker API's address for a worker uid (see ``worker_api.WorkerSockets``).
+        self.worker_addr: Callable[[int | None], str] = worker_addr or (lambda uid: "")
+        self.ownership = Ownership(table_reader, self._leader_pids, reap_unknown_orphans)
+        # Who each profile's workers run as; why a profile cannot be launched here.
+        self._run_as, self._cannot_run = processes.resolve_profiles(settings.workers)
 
     # --- lifecycle -----------------------------------------------------------
 
     async def start(self, run_loops: bool = True) -> None:
+        self.ownership.start(self.tasks_cfg.proof_mode, self.settings.data_dir)
         await self.recover()
+        await self.ownership.sweep()  # what recovery did not need is an empty leftover
         if run_loops:
             self._loops = [
                 asyncio.create_task(self._dispatch_loop(), name="dispatcher"),
@@ -161,6 +174,14 @@ class Engine:
             return_exceptions=True,
         )
         await self._drain_background()
+        await self.ownership.close()
+
+    def _leader_pids(self) -> set[int]:
+        return {la.attempt.pid for la in self._live.values() if la.attempt.pid is not None}
+
+    def worker_uids(self) -> set[int]:
+        """The uids workers will run as (each gets its own worker socket)."""
+        return {r.uid for name, r in self._run_as.items() if r is not None and name not in self._cannot_run}
 
     async def _drain_background(self) -> None:
         while self._background:
@@ -315,18 +336,21 @@ class Engine:
             launched += sum(results)
         return launched
 
-    def _worker_env(self, task: Task, attempt: Attempt, token: str, profile: WorkerProfile) -> dict[str, str]:
-        # Service settings (database URLs among them) stay out of the worker.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TASKGATE_")}
+    def _worker_env(
+        self, task: Task, attempt: Attempt, profile: WorkerProfile, run_as: processes.RunAs | None
+    ) -> dict[str, str]:
+        # An allow-list: service settings (database URLs, secrets) never reach a worker.
+        env = {
+            k: v for k, v in os.environ.items() if k in ALLOWED_ENV or k.startswith("LC_") or k in profile.inherit_env
+        }
+        if run_as is not None:
+            env["HOME"] = run_as.home
         env.update(profile.env)
         env.update(
             {
-                "PYTHONUNBUFFERED": "1",
                 "TASKGATE_TASK_ID": task.task_id,
                 "TASKGATE_ATTEMPT_ID": attempt.attempt_id,
-                "TASKGATE_WORKER_TOKEN": token,
-                "TASKGATE_SCHEDULER_ADDR": self.settings.scheduler_addr,
-                "TASKGATE_PENDING_ADDR": self.settings.pending_addr,
+                "TASKGATE_WORKER_ADDR": self.worker_addr(run_as.uid if run_as else None),
             }
         )
         resume = task.restart_resume
@@ -352,61 +376,118 @@ class Engine:
                     ),
                 )
                 return False
+            if task.profile in self._cannot_run:
+                await self._finish(
+                    task_id,
+                    State.FAILED,
+                    Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=self._cannot_run[task.profile]),
+                )
+                return False
             token = secrets.token_urlsafe(32)
+            attempt_id = uuid.uuid4().hex
             attempt = Attempt(
-                attempt_id=uuid.uuid4().hex,
+                attempt_id=attempt_id,
                 task_id=task_id,
                 number=len(previous) + 1,
                 boot_id=self.boot_id,
                 token_hash=hash_token(token),
                 harness=task.harness,
                 harness_model=task.harness_model,
+                state="launching",
+                cgroup=self.ownership.cgroup_for(attempt_id),
             )
+            # Committed before the fork: whatever happens next, recovery finds this row.
+            await self.store.save_attempt(attempt)
             live = LiveAttempt(attempt=attempt, profile=profile)
             # Registered before the process exists, so its first call always finds it.
             self._live[task_id] = live
             self._by_token[attempt.token_hash] = live
+            run_as = self._run_as.get(task.profile)
             log_path = self.settings.data_dir.resolve() / "logs" / task_id / f"attempt-{attempt.number}.log"
             try:
+                await self.ownership.forking(attempt)
                 launched = await processes.launch(
                     profile.command,
                     Path(task.workspace_path),
-                    self._worker_env(task, attempt, token, profile),
+                    self._worker_env(task, attempt, profile, run_as),
                     log_path,
+                    token,
+                    run_as=run_as,
+                    cgroup=Path(attempt.cgroup) if attempt.cgroup else None,
                 )
             except OSError as exc:
                 self._forget(live)
-                attempt.outcome = "launch_failed"
-                await self.store.save_attempt(attempt)
+                self.ownership.drop(attempt)
+                attempt.state, attempt.outcome = "ended", "launch_failed"
+                if attempt.cgroup:
+                    await asyncio.to_thread(cgroups.remove, Path(attempt.cgroup))
                 await self._finish(
                     task_id,
                     State.FAILED,
                     Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=f"cannot start the worker: {exc}"),
+                    attempt=attempt,
                 )
                 return False
             live.process = launched.process
             attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
-            attempt.started_at = self.clock.now_ms()
+            self.ownership.forked(attempt)
+            try:
+                # The identity is committed while the worker is still held before exec.
+                await self.store.save_attempt(attempt)
+                launched.release()
+                if self.tasks_cfg.fault_hold_launch_ms:
+                    log.warning("fault_hold_launch", task_id=task_id, pid=launched.pid)
+                    await asyncio.sleep(self.tasks_cfg.fault_hold_launch_ms / 1000)
+                if live.stopping:  # the scheduler shut down during the launch: its stop settles the task
+                    return False
+                attempt.started_at = self.clock.now_ms()
+                attempt.state = "running"
 
-            def to_running(t: Task) -> Task:
-                t.state = State.RUNNING
-                t.first_started_at = t.first_started_at or attempt.started_at
-                t.started_at = attempt.started_at
-                t.updated_at = now
-                t.inspection = None
-                t.harness, t.harness_model = attempt.harness, attempt.harness_model
-                if t.restart_resume is not None and t.restart_resume.pending:
-                    t.restart_resume.pending = False
-                    t.failure = None
-                return t
+                def to_running(t: Task) -> Task:
+                    t.state = State.RUNNING
+                    t.first_started_at = t.first_started_at or attempt.started_at
+                    t.started_at = attempt.started_at
+                    t.updated_at = now
+                    t.inspection = None
+                    t.harness, t.harness_model = attempt.harness, attempt.harness_model
+                    if t.restart_resume is not None and t.restart_resume.pending:
+                        t.restart_resume.pending = False
+                        t.failure = None
+                    return t
 
-            task, stored = await self.store.update_task(task_id, to_running, "task.state_changed", now, attempt=attempt)
+                task, stored = await self.store.update_task(
+                    task_id, to_running, "task.state_changed", now, attempt=attempt
+                )
+            except Exception as exc:
+                launched.abandon()
+                await self._launch_failed_after_spawn(live, exc)
+                return False
             self._published(stored, task)
             log.info("worker_started", task_id=task_id, attempt=attempt.number, pid=launched.pid)
             if launched.start_time is not None:
                 self.telemetry.watch(task_id, launched.pid, launched.start_time)
             self._spawn(self._wait_exit(task_id, live), f"wait-{task_id}")
             return True
+
+    async def _launch_failed_after_spawn(self, live: LiveAttempt, exc: Exception) -> None:
+        """A spawned worker whose launch could not be committed is stopped, never left running."""
+        attempt = live.attempt
+        log.error("launch_failed_after_spawn", task_id=attempt.task_id, pid=attempt.pid, error=repr(exc))
+        live.stopping = True
+        status = await self._stop_tree(attempt)
+        attempt.state, attempt.outcome = "ended", "launch_failed"
+        attempt.ended_at = self.clock.now_ms()
+        self._forget(live)
+        failure = Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=f"the launch failed after the spawn: {exc}")
+        try:
+            if status.gone:
+                self.ownership.drop(attempt)
+                await self._finish(attempt.task_id, State.FAILED, failure, attempt=attempt)
+            else:
+                outcome = PendingOutcome(state=State.FAILED, failure=failure)
+                await self._unconfirmed(attempt.task_id, outcome, attempt, status.describe())
+        except Exception:  # the database may be what failed; recovery settles the launching row
+            log.exception("launch_failure_not_recorded", task_id=attempt.task_id)
 
     def _forget(self, live: LiveAttempt) -> None:
         if self._live.get(live.attempt.task_id) is live:
@@ -423,6 +504,7 @@ class Engine:
         attempt.ended_at = self.clock.now_ms()
         attempt.exit_code = returncode if returncode >= 0 else None
         attempt.signal = -returncode if returncode < 0 else None
+        attempt.state = "ended"
         try:
             if not live.stopping:
                 await self._reap_leftovers(live)
@@ -451,21 +533,27 @@ class Engine:
 
     async def _stop_tree(self, attempt: Attempt) -> processes.TreeStatus:
         """SIGTERM, SIGKILL after the grace, then look for proof (see ``processes.stop_tree``)."""
-        return await processes.stop_tree(
+        status = await processes.stop_tree(
             attempt,
             self.tasks_cfg.cancel_grace_ms / 1000,
             self.tasks_cfg.cleanup_confirm_ms / 1000,
-            self._table_reader,
+            ctx=self.ownership.stop_context(),
         )
+        if status.gone:
+            self.ownership.drop(attempt)
+        return status
 
     async def _reap_leftovers(self, live: LiveAttempt) -> None:
-        """Processes a worker leaves in its group end with it: the group belongs to the task."""
-        table = await asyncio.to_thread(self._table_reader)
-        status = processes.tree_status(live.attempt, table)
-        if not status.group or status.unsignallable:
+        """Processes a worker leaves behind (group, cgroup, recorded daemons) end with it."""
+        ctx = self.ownership.stop_context()
+        status = await asyncio.to_thread(processes.look, live.attempt, ctx)
+        if status.gone:
+            self.ownership.drop(live.attempt)
+            if live.attempt.cgroup:
+                await asyncio.to_thread(cgroups.remove, Path(live.attempt.cgroup))
             return
         task_id = live.attempt.task_id
-        log.info("reaping_leftover_processes", task_id=task_id, pids=[p.pid for p in status.group])
+        log.info("reaping_leftover_processes", task_id=task_id, detail=status.describe())
         status = await self._stop_tree(live.attempt)
         if not status.gone:
             log.warning("leftover_processes_survive", task_id=task_id, detail=status.describe())
@@ -517,10 +605,11 @@ class Engine:
                 return task
             cancellation = Cancellation(requested_at=now, cause=cause, replaced_by_task_id=replaced_by)
             live = self._live.get(task_id)
-            if live is None and task.state != State.QUEUED:
-                # Not launched by this incarnation: stop what the last attempt recorded.
+            if live is None:
+                # Not launched by this incarnation: stop what the last attempt recorded
+                # (for a queued task: a launch an earlier incarnation did not finish).
                 attempts = await self.store.attempts_of(task_id)
-                if attempts:
+                if attempts and (task.state != State.QUEUED or attempts[-1].state == "launching"):
                     live = LiveAttempt(
                         attempt=attempts[-1],
                         profile=self.settings.workers.get(task.profile, WorkerProfile(command=["unknown"])),
@@ -569,6 +658,7 @@ class Engine:
         attempt = live.attempt
         attempt.ended_at = attempt.ended_at or self.clock.now_ms()
         attempt.outcome = f"stopped:{why}"
+        attempt.state = "ended"
         async with self._locks[task_id]:
             task = await self.store.get_task(task_id)
             outcome = self._outcome_for(why, task, message)
@@ -665,9 +755,10 @@ class Engine:
     async def supervise_once(self) -> None:
         """One pass over the live attempts: record descendants, apply the timers."""
         live = [la for la in self._live.values() if la.process is not None and not la.stopping]
-        if not live:
+        if not live and not self.ownership.busy:
             return
         table = await asyncio.to_thread(self._table_reader)
+        await asyncio.to_thread(self.ownership.look_after, table)
         now = self.clock.now_ms()
         for la in live:
             if processes.record_descendants(la.attempt, table):
@@ -736,6 +827,12 @@ class Engine:
             await self.store.save_attempt(attempt)
         return task, attempt
 
+    @staticmethod
+    def _reporting(task: Task, live: LiveAttempt) -> bool:
+        """Reports are taken while the task runs, and from a worker whose launch is still committing."""
+        launching = task.state == State.QUEUED and live.attempt.state == "launching"
+        return launching or task.state in (State.RUNNING, State.WAITING_INPUT)
+
     async def _report(self, token: str, event_type: str, apply: Callable[[Task, int], None]) -> Task:
         live = self.authenticate(token)
         now = self.clock.now_ms()
@@ -743,7 +840,7 @@ class Engine:
             live.attempt.first_contact_at = now
 
         def change(t: Task) -> Task | None:
-            if t.state not in (State.RUNNING, State.WAITING_INPUT):
+            if not self._reporting(t, live):
                 raise domain.InvalidTransition("TASK_NOT_RUNNING", f"the task is {t.state}; report ignored")
             apply(t, now)
             return t
@@ -797,7 +894,7 @@ class Engine:
                 raise domain.InvalidArgument("INVALID_USAGE", "token counters must be 0 or more", field="usage")
         live = self.authenticate(token)
         task = await self.store.get_task(live.attempt.task_id)
-        if task.state not in (State.RUNNING, State.WAITING_INPUT):
+        if not self._reporting(task, live):
             raise domain.InvalidTransition("TASK_NOT_RUNNING", f"the task is {task.state}; report ignored")
         live.attempt.usage = usage
         await self.store.save_attempt(live.attempt)
@@ -877,8 +974,30 @@ class Engine:
 
     # --- recovery ------------------------------------------------------------
 
+    async def _recover_launches(self) -> None:
+        """Stop what remains of launches an earlier incarnation had not committed.
+
+        Its task is still queued. The attempt's cgroup (cgroup mode) and its recorded
+        pid (committed while the worker was held) say what may remain; once that is
+        proven gone the task is dispatched again, else it needs reconciliation.
+        """
+        for attempt in await self.store.launching_attempts():
+            if attempt.boot_id == self.boot_id:
+                continue
+            status = await self._stop_tree(attempt)
+            attempt.state, attempt.outcome = "ended", "launch_interrupted"
+            attempt.ended_at = attempt.ended_at or self.clock.now_ms()
+            log.info("recovered_launch", task_id=attempt.task_id, pid=attempt.pid, confirmed=status.gone)
+            if status.gone:
+                await self.store.save_attempt(attempt)
+                continue
+            failure = Failure(code=FailureCode.GATEWAY_SHUTDOWN, message="the scheduler restarted", retryable=True)
+            outcome = PendingOutcome(state=State.QUEUED, failure=failure)
+            await self._unconfirmed(attempt.task_id, outcome, attempt, status.describe())
+
     async def recover(self) -> None:
         """Settle tasks an earlier incarnation left active: stop its worker, then resume."""
+        await self._recover_launches()
         for task in await self.store.tasks_in_states(ACTIVE):
             attempts = await self.store.attempts_of(task.task_id)
             attempt = attempts[-1] if attempts else None
@@ -910,6 +1029,7 @@ class Engine:
                 continue
             status = await self._stop_tree(attempt)
             attempt.outcome = attempt.outcome or "interrupted"
+            attempt.state = "ended"
             attempt.ended_at = attempt.ended_at or now
             if status.gone:
                 await self._settle(task.task_id, outcome, attempt)

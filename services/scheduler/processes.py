@@ -1,16 +1,27 @@
-"""Worker processes: launch in a new session, stop with identity checks, prove exit.
+"""Worker processes: launch held in a new session, stop with identity checks, prove exit.
 
 What "stopped" means here: no live process remains in the worker's process
-group, and no recorded descendant whose kernel start time still matches is
-alive. taskgate signals only its own process group (a pid is signalled only
-after its identity is checked); a descendant that left the group is recorded and
-checked, never signalled, and while it lives the stop is unconfirmed.
+group, in the attempt's cgroup (cgroup mode), among its recorded descendants
+(pid + kernel start time, also those that left the group with ``setsid``), and
+no orphan re-parented to the scheduler (the child subreaper) that may be the
+attempt's. taskgate signals the attempt's own group, its cgroup and its recorded
+descendants whose identity still matches — never any other pid.
+
+Launch: the worker starts as a tiny ``sh`` trampoline that waits on a pipe
+before it execs the command. While it waits, the scheduler puts it into the
+attempt's cgroup and records its identity; only then is it released. If the
+scheduler dies first, the pipe closes and the trampoline exits without running
+anything. The worker token travels through an inherited pipe (read once by the
+SDK), never through the environment (``/proc/<pid>/environ``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import grp
 import os
+import pwd
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -18,10 +29,56 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import structlog
+
 from libs import proctree
+from libs.settings import WorkerProfile
+from services.scheduler import cgroups
 from services.scheduler.domain import Attempt, ProcessIdentity
 
+log = structlog.get_logger("scheduler")
+
 POLL_S = 0.02
+TOKEN_FD_ENV = "TASKGATE_WORKER_TOKEN_FD"
+# Exit status of a trampoline whose launch was abandoned (nothing was exec'd).
+ABANDONED = 111
+# $0 names the trampoline in `ps`; stdin is the hold pipe until the exec; the
+# shell's own PWD stays out of the worker's allow-listed environment.
+TRAMPOLINE = f'read -r go && [ "$go" = go ] || exit {ABANDONED}; unset PWD; exec "$@" </dev/null'
+
+
+@dataclass(frozen=True)
+class RunAs:
+    uid: int
+    gid: int
+    home: str
+
+
+def resolve_profiles(profiles: Mapping[str, WorkerProfile]) -> tuple[dict[str, RunAs | None], dict[str, str]]:
+    """Who each profile's workers run as, and why a profile cannot be launched here (said at start-up)."""
+    run_as: dict[str, RunAs | None] = {}
+    cannot: dict[str, str] = {}
+    for name, profile in profiles.items():
+        try:
+            run_as[name] = resolve_user(profile.user, profile.group)
+        except KeyError as exc:
+            cannot[name] = f"unknown user or group {exc.args[0]}"
+            log.error("worker_user_unknown", profile=name, detail=cannot[name])
+            continue
+        wanted = run_as[name]
+        if wanted is not None and os.geteuid() != 0 and wanted.uid != os.geteuid():
+            cannot[name] = "the scheduler does not run as root, so it cannot switch users"
+            log.error("worker_user_switch_impossible", profile=name, user=profile.user, uid=os.geteuid())
+    return run_as, cannot
+
+
+def resolve_user(user: str | None, group: str | None) -> RunAs | None:
+    """The uid/gid of a profile's ``user``/``group``; KeyError names an unknown one."""
+    if user is None and group is None:
+        return None
+    entry = pwd.getpwnam(user) if user is not None else pwd.getpwuid(os.getuid())
+    gid = grp.getgrnam(group).gr_gid if group is not None else entry.pw_gid
+    return RunAs(uid=entry.pw_uid, gid=gid, home=entry.pw_dir)
 
 
 @dataclass
@@ -30,6 +87,21 @@ class Launched:
     pid: int
     pgid: int
     start_time: int | None
+    go_fd: int | None
+
+    def release(self) -> None:
+        """Let the held trampoline exec the worker."""
+        if self.go_fd is not None:
+            try:
+                os.write(self.go_fd, b"go\n")
+            finally:
+                self.abandon()
+
+    def abandon(self) -> None:
+        """Close the hold pipe: a trampoline not yet released exits without exec'ing."""
+        if self.go_fd is not None:
+            os.close(self.go_fd)
+            self.go_fd = None
 
 
 def resolve_command(command: Sequence[str]) -> list[str]:
@@ -40,39 +112,93 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return argv
 
 
-def _prepare(cwd: Path, log_path: Path) -> BinaryIO:
-    cwd.mkdir(parents=True, exist_ok=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    return open(log_path, "ab")  # noqa: SIM115 - closed by launch once the child holds it
+def _prepare(cwd: Path, log_path: Path, argv0: str, path_env: str | None, run_as: RunAs | None) -> BinaryIO:
+    # The shell would only say "not found" after the release; fail the launch now instead.
+    if shutil.which(argv0, path=path_env) is None:
+        raise FileNotFoundError(2, "no such executable", argv0)
+    if not cwd.exists():
+        cwd.mkdir(parents=True, exist_ok=True)
+        if run_as is not None:
+            os.chown(cwd, run_as.uid, run_as.gid)  # a fresh workspace belongs to the worker's user
+    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    return os.fdopen(fd, "ab")
 
 
-async def launch(command: Sequence[str], cwd: Path, env: Mapping[str, str], log_path: Path) -> Launched:
-    log_file = await asyncio.to_thread(_prepare, cwd, log_path)
-    with log_file:
-        process = await asyncio.create_subprocess_exec(
-            *resolve_command(command),
-            cwd=str(cwd),
-            env=dict(env),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # own session, so its own process group
-        )
-    # May be None when the process has already exited and been reaped.
-    start_time = await asyncio.to_thread(proctree.start_time_of, process.pid)
-    return Launched(process=process, pid=process.pid, pgid=process.pid, start_time=start_time)
+async def launch(
+    command: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    token: str,
+    *,
+    run_as: RunAs | None = None,
+    cgroup: Path | None = None,
+) -> Launched:
+    """Spawn the worker held before exec, in ``cgroup`` when given; ``release()`` runs it."""
+    argv = resolve_command(command)
+    log_file = await asyncio.to_thread(_prepare, cwd, log_path, argv[0], env.get("PATH"), run_as)
+    go_r, go_w = os.pipe()
+    tok_r, tok_w = os.pipe()
+    os.set_inheritable(go_w, False)
+    try:
+        try:
+            os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
+        finally:
+            os.close(tok_w)
+        # The services run with umask 077 (private files); a worker gets the usual one.
+        extra: dict[str, object] = {"umask": 0o022}
+        if run_as is not None:
+            extra.update(user=run_as.uid, group=run_as.gid, extra_groups=[])
+        with log_file:
+            process = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                TRAMPOLINE,
+                "taskgate-launch",
+                *argv,
+                cwd=str(cwd),
+                env={**env, TOKEN_FD_ENV: str(tok_r)},
+                stdin=go_r,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,  # own session, so its own process group
+                pass_fds=(tok_r,),
+                **extra,  # type: ignore[arg-type]
+            )
+    except BaseException:
+        os.close(go_w)
+        raise
+    finally:
+        os.close(go_r)
+        os.close(tok_r)
+    launched = Launched(process=process, pid=process.pid, pgid=process.pid, start_time=None, go_fd=go_w)
+    try:
+        if cgroup is not None:
+            await asyncio.to_thread(cgroups.add, cgroup, process.pid)
+        # Held, so it is alive and this is the worker's identity (exec keeps it).
+        launched.start_time = await asyncio.to_thread(proctree.start_time_of, process.pid)
+    except BaseException:
+        launched.abandon()
+        raise
+    return launched
 
 
 @dataclass
 class TreeStatus:
     group: list[proctree.ProcStat] = field(default_factory=list)
     escaped: list[proctree.ProcStat] = field(default_factory=list)
+    # Live members of the attempt's cgroup (cgroup mode).
+    in_cgroup: list[int] = field(default_factory=list)
+    # Orphans re-parented to the scheduler that may be this attempt's but cannot
+    # be attributed to it alone: never signalled, and the stop stays unproven.
+    unattributed: list[proctree.ProcStat] = field(default_factory=list)
     # Why the group cannot be signalled (identity mismatch, legacy record), if so.
     unsignallable: str = ""
 
     @property
     def gone(self) -> bool:
-        return not self.group and not self.escaped
+        return not self.group and not self.escaped and not self.in_cgroup and not self.unattributed
 
     def describe(self) -> str:
         parts = []
@@ -83,30 +209,101 @@ class TreeStatus:
                 "recorded descendant(s) outside the group still alive: "
                 + ", ".join(f"pid {p.pid} (start {p.start_time})" for p in self.escaped)
             )
+        if self.in_cgroup:
+            parts.append("process(es) still in the attempt's cgroup: " + ", ".join(str(p) for p in self.in_cgroup))
+        if self.unattributed:
+            parts.append(
+                "orphan(s) that may be this attempt's but cannot be attributed to it, not signalled: "
+                + ", ".join(f"pid {p.pid} (start {p.start_time})" for p in self.unattributed)
+            )
         if self.unsignallable:
             parts.append(self.unsignallable)
         return "; ".join(parts) or "no process remains"
 
 
-def record_descendants(attempt: Attempt, table: dict[int, proctree.ProcStat]) -> bool:
-    """Add the live descendants of the attempt's leader to its record; True if any were new."""
-    if attempt.pid is None or attempt.pid_start_time is None:
-        return False
-    leader = table.get(attempt.pid)
-    if leader is None or not leader.alive or leader.start_time != attempt.pid_start_time:
-        return False
+def _roots(attempt: Attempt, table: dict[int, proctree.ProcStat]) -> list[int]:
+    """The attempt's processes whose identity still matches: its leader and recorded descendants."""
+    roots = []
+    if attempt.pid is not None and attempt.pid_start_time is not None:
+        leader = table.get(attempt.pid)
+        if leader is not None and leader.alive and leader.start_time == attempt.pid_start_time:
+            roots.append(attempt.pid)
+    for d in attempt.descendants:
+        stat = table.get(d.pid)
+        if stat is not None and stat.alive and stat.start_time == d.start_time:
+            roots.append(d.pid)
+    return roots
+
+
+def _record(attempt: Attempt, stats: Sequence[proctree.ProcStat]) -> bool:
     known = {(d.pid, d.start_time) for d in attempt.descendants}
     added = False
-    for stat in proctree.live_descendants(table, attempt.pid):
-        if (stat.pid, stat.start_time) not in known:
+    for stat in stats:
+        if (stat.pid, stat.start_time) not in known and stat.pid != attempt.pid:
             attempt.descendants.append(ProcessIdentity(pid=stat.pid, start_time=stat.start_time))
             known.add((stat.pid, stat.start_time))
             added = True
     return added
 
 
-def tree_status(attempt: Attempt, table: dict[int, proctree.ProcStat]) -> TreeStatus:
+def record_descendants(attempt: Attempt, table: dict[int, proctree.ProcStat]) -> bool:
+    """Add the live descendants of the attempt's processes to its record; True if any were new.
+
+    Descendants of recorded descendants count too, so a daemon that a recorded
+    process (or an orphan attributed to the attempt) forks is recorded as well.
+    """
+    children = proctree.children_map(table)
+    found: list[proctree.ProcStat] = []
+    for root in _roots(attempt, table):
+        found.extend(proctree.live_descendants(table, root, children))
+    return _record(attempt, found)
+
+
+def _cgroup_folders_of(pid: int) -> set[str]:
+    """Every folder name on the process's cgroup paths (v2 and the v1 hierarchies)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return {part for line in f for part in line.rstrip("\n").split(":", 2)[-1].split("/") if part}
+    except OSError:
+        return set()
+
+
+def attribute_orphans(
+    table: dict[int, proctree.ProcStat], owned: Sequence[Attempt], orphans: Sequence[proctree.ProcStat]
+) -> list[proctree.ProcStat]:
+    """Record each orphan on the one attempt it can belong to; return those that fit several.
+
+    An orphan re-parented to the scheduler descends from one of its attempts. In
+    cgroup mode its cgroup names the attempt. Otherwise only attempts whose leader
+    started before it can be its origin: with exactly one, it is that attempt's.
+    """
+    recorded = {(d.pid, d.start_time) for a in owned for d in a.descendants}
+    unattributed = []
+    for orphan in orphans:
+        if (orphan.pid, orphan.start_time) in recorded:
+            continue
+        folders = _cgroup_folders_of(orphan.pid)
+        by_cgroup = [a for a in owned if a.cgroup and Path(a.cgroup).name in folders]
+        candidates = by_cgroup or [
+            a for a in owned if a.pid_start_time is not None and a.pid_start_time <= orphan.start_time
+        ]
+        if len(candidates) == 1:
+            _record(candidates[0], [orphan, *proctree.live_descendants(table, orphan.pid)])
+        elif candidates:
+            unattributed.append(orphan)
+    return unattributed
+
+
+def tree_status(
+    attempt: Attempt,
+    table: dict[int, proctree.ProcStat],
+    unattributed: Sequence[proctree.ProcStat] = (),
+) -> TreeStatus:
     status = TreeStatus()
+    if attempt.cgroup:
+        status.in_cgroup = [
+            pid for pid in cgroups.members(Path(attempt.cgroup)) if (stat := table.get(pid)) is not None and stat.alive
+        ]
     if attempt.pgid is None:
         return status
     leader = table.get(attempt.pid) if attempt.pid is not None else None
@@ -127,11 +324,21 @@ def tree_status(attempt: Attempt, table: dict[int, proctree.ProcStat]) -> TreeSt
         stat = table.get(d.pid)
         if stat is not None and stat.alive and stat.start_time == d.start_time and stat.pgid != attempt.pgid:
             status.escaped.append(stat)
+    status.unattributed = [o for o in unattributed if o.start_time >= attempt.pid_start_time]
     return status
 
 
 def signal_group(attempt: Attempt, status: TreeStatus, sig: signal.Signals) -> None:
-    """Signal the attempt's own group: killpg while the leader is ours, else member by member."""
+    """Signal what is provably the attempt's: its group, its recorded descendants, its cgroup."""
+    if attempt.cgroup and status.in_cgroup:
+        cgroups.signal_all(Path(attempt.cgroup), sig)
+    for stat in status.escaped:
+        # Recorded as the attempt's, and still the same process: it may be signalled.
+        if proctree.identity_matches(stat.pid, stat.start_time):
+            try:
+                os.kill(stat.pid, sig)
+            except ProcessLookupError:
+                pass
     if status.unsignallable or not status.group or attempt.pgid is None:
         return
     leader_alive = any(p.pid == attempt.pid for p in status.group)
@@ -149,16 +356,41 @@ def signal_group(attempt: Attempt, status: TreeStatus, sig: signal.Signals) -> N
                 pass
 
 
-async def _wait_gone(
-    attempt: Attempt, timeout_s: float, table_reader: Callable[[], dict[int, proctree.ProcStat]]
-) -> TreeStatus:
+# Given a table, the orphans that may be the attempt's but fit several attempts
+# (recording those that fit one); None when the scheduler is not a subreaper.
+OrphanCheck = Callable[[dict[int, proctree.ProcStat]], list[proctree.ProcStat]]
+
+
+@dataclass
+class StopContext:
+    table_reader: Callable[[], dict[int, proctree.ProcStat]] = proctree.process_table
+    orphan_check: OrphanCheck | None = None
+    cgroup_kill: bool = True  # the cgroup offers cgroup.kill (else freeze + SIGKILL)
+
+
+def look(attempt: Attempt, ctx: StopContext) -> TreeStatus:
+    """One pass (blocking; run it in a thread): record what is new, then say what still lives."""
+    table = ctx.table_reader()
+    record_descendants(attempt, table)
+    unattributed = ctx.orphan_check(table) if ctx.orphan_check is not None else []
+    record_descendants(attempt, table)
+    return tree_status(attempt, table, unattributed)
+
+
+async def _wait_gone(attempt: Attempt, timeout_s: float, ctx: StopContext) -> TreeStatus:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        status = tree_status(attempt, await asyncio.to_thread(table_reader))
+        status = await asyncio.to_thread(look, attempt, ctx)
         if status.gone or loop.time() >= deadline:
             return status
         await asyncio.sleep(POLL_S)
+
+
+def _kill(attempt: Attempt, status: TreeStatus, ctx: StopContext) -> None:
+    if attempt.cgroup:
+        cgroups.kill(Path(attempt.cgroup), ctx.cgroup_kill)
+    signal_group(attempt, status, signal.SIGKILL)
 
 
 async def stop_tree(
@@ -166,21 +398,22 @@ async def stop_tree(
     grace_s: float,
     confirm_s: float,
     table_reader: Callable[[], dict[int, proctree.ProcStat]] = proctree.process_table,
+    ctx: StopContext | None = None,
 ) -> TreeStatus:
-    """SIGTERM the group, SIGKILL after the grace, then look for proof that all is gone.
+    """SIGTERM the attempt's processes, SIGKILL after the grace, then look for proof that all is gone.
 
     Returns the final status: ``gone`` is the proof. Records descendants first
-    (on ``attempt``) so a child that left the group is still checked.
+    (on ``attempt``) so a child that left the group is still found and stopped.
+    An empty cgroup is removed.
     """
-    table = await asyncio.to_thread(table_reader)
-    record_descendants(attempt, table)
-    status = tree_status(attempt, table)
-    if status.gone:
-        return status
-    await asyncio.to_thread(signal_group, attempt, status, signal.SIGTERM)
-    status = await _wait_gone(attempt, grace_s, table_reader)
-    if status.group and not status.unsignallable:
-        await asyncio.to_thread(signal_group, attempt, status, signal.SIGKILL)
-    if status.gone:
-        return status
-    return await _wait_gone(attempt, confirm_s, table_reader)
+    ctx = ctx or StopContext(table_reader=table_reader)
+    status = await asyncio.to_thread(look, attempt, ctx)
+    if not status.gone:
+        await asyncio.to_thread(signal_group, attempt, status, signal.SIGTERM)
+        status = await _wait_gone(attempt, grace_s, ctx)
+        if not status.gone:
+            await asyncio.to_thread(_kill, attempt, status, ctx)
+            status = await _wait_gone(attempt, confirm_s, ctx)
+    if status.gone and attempt.cgroup:
+        await asyncio.to_thread(cgroups.remove, Path(attempt.cgroup))
+    return status

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, ColumnElement, func
+from sqlalchemy import BigInteger, ColumnElement, func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -273,6 +273,16 @@ class SchedulerStore:
 
         return await self.db.run(work)
 
+    async def launching_attempts(self) -> list[Attempt]:
+        """Attempts still marked ``launching`` (of any boot): recovery checks the earlier ones."""
+
+        def work(s: Session) -> list[Attempt]:
+            # The state lives in the JSON document; the filter is a cheap prefilter.
+            rows = s.exec(select(AttemptRow).where(col(AttemptRow.doc).contains('"state":"launching"'))).all()
+            return [a for a in (Attempt.model_validate_json(r.doc) for r in rows) if a.state == "launching"]
+
+        return await self.db.run(work)
+
     async def task_with_attempts(self, task_id: str) -> tuple[Task, list[Attempt]]:
         def work(s: Session) -> tuple[Task, list[Attempt]]:
             row = s.get(TaskRow, task_id)
@@ -286,19 +296,21 @@ class SchedulerStore:
         return await self.db.run(work)
 
 
+_UPSERT_ATTEMPT = text(
+    "INSERT INTO attempts (attempt_id, task_id, number, token_hash, doc)"
+    " VALUES (:attempt_id, :task_id, :number, :token_hash, :doc)"
+    " ON CONFLICT (attempt_id) DO UPDATE SET doc = excluded.doc"
+)
+
+
 def _write_attempt(s: Session, attempt: Attempt) -> None:
-    row = s.get(AttemptRow, attempt.attempt_id)
-    doc = attempt.model_dump_json(exclude_none=True)
-    if row is None:
-        s.add(
-            AttemptRow(
-                attempt_id=attempt.attempt_id,
-                task_id=attempt.task_id,
-                number=attempt.number,
-                token_hash=attempt.token_hash,
-                doc=doc,
-            )
+    """One statement, insert or update: a worker's first report may race the launch's commit."""
+    s.exec(  # type: ignore[call-overload]
+        _UPSERT_ATTEMPT.bindparams(
+            attempt_id=attempt.attempt_id,
+            task_id=attempt.task_id,
+            number=attempt.number,
+            token_hash=attempt.token_hash,
+            doc=attempt.model_dump_json(exclude_none=True),
         )
-    else:
-        row.doc = doc
-        s.add(row)
+    )

@@ -157,7 +157,7 @@ def test_every_service_serves_health_and_reflection(stack: Stack) -> None:
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     expected = {
-        "scheduler": {"taskgate.scheduler.v1.SchedulerService", "taskgate.scheduler.v1.WorkerService"},
+        "scheduler": {"taskgate.scheduler.v1.SchedulerService"},
         "pending": {"taskgate.pending.v1.PendingRegistryService"},
         "telemetry": {"taskgate.telemetry.v1.TelemetryAgentService"},
         "notifier": {"taskgate.notifier.v1.NotifierService"},
@@ -170,3 +170,5 @@ def test_every_service_serves_health_and_reflection(stack: Stack) -> None:
             )
             listed = {s.name for reply in replies for s in reply.list_services_response.service}
         assert services | {"grpc.health.v1.Health"} <= listed, name
+        if name == "scheduler":
+            assert "taskgate.scheduler.v1.WorkerService" not in listed, "workers have their own listener"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,11 @@ class Stack:
         """A sync gRPC channel to one service, calling as ``identity`` (operator: the local admin)."""
         return channel(self.addr(name), self.env, identity)
 
+    @property
+    def worker_addr(self) -> str:
+        """The worker API (a Unix socket) that workers running as this uid get."""
+        return f"unix:{self.env['TASKGATE_WORKER_SOCKET_DIR']}/{os.getuid()}/worker.sock"
+
     def start(self) -> Stack:
         for name, module, env_name in SERVICES:
             self.procs[name] = ServiceProcess(
@@ -118,6 +125,8 @@ def make_stack(data_dir: Path, **tasks: int) -> Stack:
         "TASKGATE_CONFIG": str(config),
         "TASKGATE_DATA_DIR": str(data_dir),
         "TASKGATE_HTTP_ADDR": f"127.0.0.1:{http_port}",
+        # Short: a Unix socket path is limited to 107 bytes.
+        "TASKGATE_WORKER_SOCKET_DIR": tempfile.mkdtemp(prefix="tg-workers-"),
     }
     for _, _, env_name in SERVICES:
         env[env_name] = f"127.0.0.1:{free_port()}"

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from libs import proctree
@@ -23,6 +24,7 @@ from services.scheduler.domain import NewTask, State, Task
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
+from services.scheduler.worker_api import WorkerSockets, start_worker_server
 from taskgate.scheduler.v1 import scheduler_pb2_grpc
 from tests.support.procs import free_port
 from tests.support.stack import BEHAVE
@@ -45,6 +47,16 @@ class Harness:
     clock: FakeClock
     host: ServiceHost
     db: Database
+    worker_server: grpc.aio.Server
+    sockets: WorkerSockets
+
+    async def close(self, db: bool = True) -> None:
+        await self.engine.shutdown()
+        await self.worker_server.stop(0)
+        await self.host.server.stop(0)
+        self.sockets.close()
+        if db:
+            self.db.close()
 
     async def create(self, profile: str, steps: list[object] | None = None, title: str = "t") -> Task:
         return await self.engine.create_task(
@@ -71,7 +83,9 @@ class Harness:
             await asyncio.sleep(0.02)
 
 
-def make_settings(tmp_path: Path, addr: str, **tasks: int) -> Settings:
+def make_settings(
+    tmp_path: Path, addr: str, workers: dict[str, WorkerProfile] | None = None, **tasks: object
+) -> Settings:
     task_settings = TaskSettings(
         **{
             "cancel_grace_ms": 300,
@@ -88,34 +102,43 @@ def make_settings(tmp_path: Path, addr: str, **tasks: int) -> Settings:
         workers={
             "sleeper": WorkerProfile(command=["sleep", "300"]),
             "behave": WorkerProfile(command=["python", str(BEHAVE)], uses_sdk=True),
+            **(workers or {}),
         },
     )
 
 
-async def start_harness(tmp_path: Path, db: Database | None = None, **tasks: int) -> Harness:
+async def start_harness(
+    tmp_path: Path,
+    db: Database | None = None,
+    workers: dict[str, WorkerProfile] | None = None,
+    boot_id: str | None = None,
+    **tasks: object,
+) -> Harness:
     port = free_port()
-    settings = make_settings(tmp_path, f"127.0.0.1:{port}", **tasks)
+    settings = make_settings(tmp_path, f"127.0.0.1:{port}", workers, **tasks)
     db = db or Database(f"sqlite:///{tmp_path / 'scheduler.db'}", MIGRATIONS)
     db.migrate()
     clock = FakeClock()
-    engine = Engine(settings, SchedulerStore(db), clock=clock)
+    engine = Engine(settings, SchedulerStore(db), clock=clock, boot_id=boot_id)
+    sockets = WorkerSockets("", engine.worker_uids())
+    engine.worker_addr = sockets.addr_for
 
     def register(server: object) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
-        scheduler_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine), server)
 
     host = await start_server(settings.scheduler_addr, [register], [], security=NO_CALLER_AUTH)
+    worker_server = await start_worker_server(
+        lambda server: scheduler_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine), server), sockets
+    )
     await engine.start(run_loops=False)
-    return Harness(engine, clock, host, db)
+    return Harness(engine, clock, host, db, worker_server, sockets)
 
 
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     h = await start_harness(tmp_path)
     yield h
-    await h.engine.shutdown()
-    await h.host.server.stop(0)
-    h.db.close()
+    await h.close()
 
 
 def group_alive(pgid: int) -> bool:
@@ -152,9 +175,7 @@ async def test_no_progress_for_the_stale_limit_stops_the_tree(tmp_path: Path) ->
         _, attempts = await h.engine.get_task(task.task_id)
         assert not group_alive(attempts[-1].pgid or -1)
     finally:
-        await h.engine.shutdown()
-        await h.host.server.stop(0)
-        h.db.close()
+        await h.close()
 
 
 async def test_max_duration_is_enforced(tmp_path: Path) -> None:
@@ -167,9 +188,7 @@ async def test_max_duration_is_enforced(tmp_path: Path) -> None:
         assert done.failure and done.failure.code == "MAX_DURATION_EXCEEDED"
         assert done.ended_at is not None
     finally:
-        await h.engine.shutdown()
-        await h.host.server.stop(0)
-        h.db.close()
+        await h.close()
 
 
 async def test_background_result_is_accepted_after_the_grace(tmp_path: Path) -> None:
@@ -190,9 +209,7 @@ async def test_background_result_is_accepted_after_the_grace(tmp_path: Path) -> 
         done = await h.wait(task.task_id, [State.COMPLETED])
         assert done.result and done.result.text == "all done" and done.result.unresolved_background
     finally:
-        await h.engine.shutdown()
-        await h.host.server.stop(0)
-        h.db.close()
+        await h.close()
 
 
 async def test_max_running_bounds_concurrent_workers(tmp_path: Path) -> None:
@@ -207,9 +224,7 @@ async def test_max_running_bounds_concurrent_workers(tmp_path: Path) -> None:
         await h.engine.dispatch_once()
         await h.wait(tasks[2].task_id, [State.RUNNING])
     finally:
-        await h.engine.shutdown()
-        await h.host.server.stop(0)
-        h.db.close()
+        await h.close()
 
 
 async def test_graceful_shutdown_requeues_for_resumption(tmp_path: Path) -> None:
@@ -218,8 +233,7 @@ async def test_graceful_shutdown_requeues_for_resumption(tmp_path: Path) -> None
     _, attempts = await h.engine.get_task(task.task_id)
     await h.engine.shutdown()
     stored = await h.engine.store.get_task(task.task_id)
-    await h.host.server.stop(0)
-    h.db.close()
+    await h.close()
     assert stored.state == State.QUEUED
     assert stored.failure and stored.failure.code == "GATEWAY_SHUTDOWN"
     assert stored.restart_resume and stored.restart_resume.count == 1 and stored.restart_resume.pending
@@ -239,6 +253,8 @@ async def test_restart_recovery_stops_the_old_worker_and_resumes(tmp_path: Path)
     for pending in list(first.engine._background):
         pending.cancel()
     await first.host.server.stop(0)
+    await first.worker_server.stop(0)
+    first.sockets.close()
     assert group_alive(old_pgid)
 
     second = await start_harness(tmp_path, db=first.db)
@@ -253,6 +269,4 @@ async def test_restart_recovery_stops_the_old_worker_and_resumes(tmp_path: Path)
         _, attempts = await second.engine.get_task(task.task_id)
         assert len(attempts) == 2 and attempts[1].boot_id == second.engine.boot_id
     finally:
-        await second.engine.shutdown()
-        await second.host.server.stop(0)
-        first.db.close()
+        await second.close()

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,21 +108,39 @@ async def test_sigterm_ignored_means_sigkill_after_the_grace() -> None:
         leader.wait()
 
 
-async def test_a_descendant_outside_the_group_blocks_the_proof_until_it_is_gone() -> None:
+async def test_a_recorded_descendant_outside_the_group_is_stopped_but_never_a_pid_that_changed_identity() -> None:
     escaped = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
     leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         record = attempt_for(leader.pid, proctree.start_time_of(leader.pid))
-        # As if recorded while it was still the leader's child.
+        # As if recorded while it was still the leader's child (it left with setsid).
         record.descendants.append(ProcessIdentity(pid=escaped.pid, start_time=proctree.start_time_of(escaped.pid) or 0))
-        status = await processes.stop_tree(record, grace_s=0.5, confirm_s=0.3)
-        assert not status.gone and [p.pid for p in status.escaped] == [escaped.pid]
-        assert escaped.poll() is None, "taskgate never signals outside its own group"
-        escaped.kill()
-        escaped.wait()
-        assert (await processes.stop_tree(record, grace_s=0.5, confirm_s=0.3)).gone
+        # A record whose start time differs: that pid is another process now.
+        record.descendants.append(
+            ProcessIdentity(pid=stranger.pid, start_time=(proctree.start_time_of(stranger.pid) or 0) - 1)
+        )
+        status = await processes.stop_tree(record, grace_s=0.5, confirm_s=2)
+        assert status.gone
+        assert escaped.wait(timeout=5) == -signal.SIGTERM
+        assert stranger.poll() is None, "a pid whose identity changed is never signalled"
     finally:
-        for proc in (escaped, leader):
+        for proc in (escaped, stranger, leader):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+
+async def test_a_held_launch_runs_nothing_unless_released(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    env = {"PATH": os.environ["PATH"]}
+    command = ["sh", "-c", f"touch {marker}; cat /proc/self/fd/$TASKGATE_WORKER_TOKEN_FD > {tmp_path / 'token'}"]
+    held = await processes.launch(command, tmp_path, env, tmp_path / "abandoned.log", "tok")
+    assert held.start_time == proctree.start_time_of(held.pid), "the identity is known while it is held"
+    held.abandon()  # as when the scheduler dies before the release
+    assert await held.process.wait() == processes.ABANDONED and not marker.exists()
+
+    released = await processes.launch(command, tmp_path, env, tmp_path / "released.log", "tok")
+    released.release()
+    assert await released.process.wait() == 0 and marker.exists()
+    assert (tmp_path / "token").read_text() == "tok", "the token arrives through its pipe"

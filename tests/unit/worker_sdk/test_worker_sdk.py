@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -11,7 +12,7 @@ import grpc
 import grpc_testing
 import pytest
 
-from libs.worker_sdk import TOKEN_METADATA_KEY, Worker, WorkerError
+from libs.worker_sdk import TOKEN_METADATA_KEY, Worker, WorkerError, read_token
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["WorkerService"]
@@ -58,9 +59,24 @@ def connect(channel: Any) -> Worker:
     return worker
 
 
-def test_from_env_needs_the_scheduler_variables() -> None:
-    with pytest.raises(WorkerError, match="TASKGATE_SCHEDULER_ADDR"):
+def test_from_env_needs_the_worker_api_address_and_the_token_pipe() -> None:
+    with pytest.raises(WorkerError, match="TASKGATE_WORKER_ADDR"):
         Worker.from_env({})
+    with pytest.raises(WorkerError, match="TASKGATE_WORKER_TOKEN_FD"):
+        Worker.from_env({"TASKGATE_WORKER_ADDR": "unix:/nonexistent"})
+
+
+def test_the_token_is_read_once_from_its_pipe_and_the_pipe_closed() -> None:
+    r, w = os.pipe()
+    os.write(w, b"secret-token")
+    os.close(w)
+    assert read_token(r) == "secret-token"
+    with pytest.raises(OSError):
+        os.fstat(r)  # closed: nothing else in the process can read it again
+    r, w = os.pipe()
+    os.close(w)
+    with pytest.raises(WorkerError, match="already read"):
+        read_token(r)
 
 
 def test_the_assignment_and_reports_carry_the_token(channel: Any) -> None:

@@ -1,0 +1,136 @@
+"""What this scheduler incarnation owns on its host: the proof mode, the attempts
+whose processes are not yet proven gone, and the orphans they leave behind.
+
+Set up once at start-up (``start``): the scheduler becomes the child subreaper,
+and per-attempt cgroups are used where the host allows them; the mode in force is
+logged. Orphans re-parented to the scheduler are attributed to the one attempt
+they can belong to (``processes.attribute_orphans``); their zombies are reaped by
+pid, never a worker leader's (asyncio waits for those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from libs import proctree
+from services.scheduler import cgroups, processes, subreaper
+from services.scheduler.domain import Attempt
+
+log = structlog.get_logger("scheduler")
+
+TableReader = Callable[[], dict[int, proctree.ProcStat]]
+
+
+class Ownership:
+    def __init__(self, table_reader: TableReader, leaders: Callable[[], set[int]], reap_unknown: bool) -> None:
+        self._table_reader = table_reader
+        self._leaders = leaders  # pids of this incarnation's live worker leaders
+        # True where nothing but workers is ever a child of this process (the real scheduler).
+        self._reap_unknown = reap_unknown
+        self.cgroups: cgroups.Cgroups | None = None
+        self.subreaper = False
+        # Attempts of this incarnation whose processes are not yet proven gone:
+        # the candidates an orphan re-parented to the scheduler may belong to.
+        self.owned: dict[str, Attempt] = {}
+        self._reapable: set[tuple[int, int]] = set()
+        self._forking: dict[str, int] = {}  # attempt id -> boot tick just before its fork
+
+    def start(self, mode: str, data_dir: Path) -> None:
+        """Detect and say which proof mode is in force (cgroup + subreaper, or subreaper only)."""
+        self.subreaper = subreaper.become()
+        reason = ""
+        if mode != "subreaper":
+            # One folder per data directory: schedulers of other installations keep theirs.
+            tag = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
+            try:
+                self.cgroups = cgroups.Cgroups.detect(f"taskgate-{tag}", (1,) if mode == "cgroup_v1" else (2, 1))
+            except cgroups.CgroupUnavailable as exc:
+                if mode != "auto":
+                    raise RuntimeError(f"proof_mode = {mode}, but {exc}") from exc
+                reason = str(exc)
+        log.info(
+            "proof_mode",
+            mode=f"cgroup_v{self.cgroups.version}" if self.cgroups else "subreaper",
+            cgroup_base=str(self.cgroups.base) if self.cgroups else None,
+            subreaper=self.subreaper,
+            fallback_reason=reason or None,
+            requested=mode,
+        )
+        if not self.subreaper:
+            log.warning("subreaper_unavailable", detail="orphaned worker descendants re-parent to init")
+
+    async def sweep(self) -> None:
+        """Remove empty attempt cgroups nobody needs (leftovers of an earlier incarnation)."""
+        if self.cgroups is not None:
+            removed = await asyncio.to_thread(self.cgroups.sweep, {a.cgroup for a in self.owned.values()})
+            if removed:
+                log.info("stale_cgroups_removed", count=removed)
+
+    async def close(self) -> None:
+        if self.subreaper:
+            subreaper.resign()
+            self.subreaper = False
+        if self.cgroups is not None:
+            await self.sweep()
+            await asyncio.to_thread(self.cgroups.close)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.owned or self._reapable)
+
+    def cgroup_for(self, attempt_id: str) -> str | None:
+        return str(self.cgroups.path_for(attempt_id)) if self.cgroups else None
+
+    async def forking(self, attempt: Attempt) -> None:
+        """The attempt is about to fork: own it, and create its cgroup."""
+        self.owned[attempt.attempt_id] = attempt
+        self._forking[attempt.attempt_id] = proctree.boot_ticks() - 1
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.create, attempt.attempt_id)
+
+    def forked(self, attempt: Attempt) -> None:
+        """The fork is over (its pid known, or it failed)."""
+        self._forking.pop(attempt.attempt_id, None)
+
+    def drop(self, attempt: Attempt) -> None:
+        """The attempt's tree is proven gone; its zombies (re-parented orphans) may still be reaped."""
+        self._forking.pop(attempt.attempt_id, None)
+        if self.owned.pop(attempt.attempt_id, None) is not None:
+            self._reapable.update((d.pid, d.start_time) for d in attempt.descendants)
+
+    def orphan_check(self, table: dict[int, proctree.ProcStat]) -> list[proctree.ProcStat]:
+        """Attribute orphans re-parented to the scheduler; those fitting several attempts are returned."""
+        found = subreaper.orphans(table, self._leaders())
+        # A child forked by a launch whose pid is not known yet is a leader, not an orphan:
+        # what started since the earliest such fork is neither recorded nor signalled now.
+        floor = min(self._forking.values(), default=None)
+        pending = [o for o in found if floor is not None and o.start_time >= floor]
+        found = [o for o in found if o not in pending]
+        return processes.attribute_orphans(table, list(self.owned.values()), found) + pending
+
+    def reap(self, table: dict[int, proctree.ProcStat]) -> None:
+        known = {(d.pid, d.start_time) for a in self.owned.values() for d in a.descendants} | self._reapable
+        if self._reap_unknown:
+            leaders = self._leaders()
+            known |= {(p.pid, p.start_time) for p in table.values() if p.ppid == os.getpid() and p.pid not in leaders}
+        for pid in subreaper.reap(table, known):
+            self._reapable = {r for r in self._reapable if r[0] != pid}
+
+    def look_after(self, table: dict[int, proctree.ProcStat]) -> None:
+        """One supervisor pass (blocking; run it in a thread): attribute new orphans, reap zombies."""
+        if self.subreaper:
+            self.orphan_check(table)
+            self.reap(table)
+
+    def stop_context(self) -> processes.StopContext:
+        return processes.StopContext(
+            table_reader=self._table_reader,
+            orphan_check=self.orphan_check if self.subreaper else None,
+            cgroup_kill=self.cgroups.has_kill if self.cgroups else False,
+        )

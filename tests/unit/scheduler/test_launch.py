@@ -1,0 +1,164 @@
+"""The launch protocol: the attempt row is committed before the fork, a fast worker's
+first report is accepted before `running` commits, and a failure after the spawn
+stops the tree. Real workers, a real gRPC worker listener, SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libs import proctree
+from libs.db import Database
+from services.scheduler.domain import State
+from services.scheduler.store import MIGRATIONS, SchedulerStore
+from tests.support.postgres import fresh_database
+from tests.unit.scheduler.test_engine import start_harness
+
+
+async def test_30_concurrent_launches_and_first_reports_on_postgres(tmp_path: Path, postgres_url: str) -> None:
+    db = Database(fresh_database(postgres_url, "launch"), MIGRATIONS)
+    h = await start_harness(tmp_path, db=db, max_running=30)
+    try:
+        # The worker's first calls (assignment, progress) race the launch's own commits.
+        tasks = [await h.create("behave", [{"progress": f"hello {i}"}], title=f"t{i}") for i in range(30)]
+        assert await h.engine.dispatch_once() == 30
+        for task in tasks:
+            done = await h.wait(task.task_id, [State.COMPLETED, State.FAILED], timeout_s=60)
+            assert done.state == State.COMPLETED, done.failure
+            assert done.progress is not None and done.progress.text.startswith("hello")
+            _, attempts = await h.engine.get_task(task.task_id)
+            assert len(attempts) == 1 and attempts[0].state == "ended" and attempts[0].first_contact_at is not None
+        assert not h.engine._live, "no running slot leaked"
+    finally:
+        await h.close()
+
+
+async def test_the_attempt_row_is_committed_launching_before_the_fork(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path)
+    seen: list[Any] = []
+    real_launch = h.engine.store.save_attempt
+
+    async def spy(attempt: Any) -> None:
+        await real_launch(attempt)
+        seen.append((attempt.state, attempt.pid, bool(attempt.token_hash)))
+
+    h.engine.store.save_attempt = spy  # type: ignore[method-assign]
+    try:
+        task = await h.create("sleeper")
+        await h.engine.dispatch_once()
+        await h.wait(task.task_id, [State.RUNNING])
+        # First: launching without a pid (before the fork); then the held worker's identity.
+        assert seen[0] == ("launching", None, True)
+        assert seen[1][0] == "launching" and seen[1][1] is not None
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert attempts[0].state == "running"
+    finally:
+        await h.close()
+
+
+async def test_a_first_report_before_running_commits_is_accepted(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path, fault_hold_launch_ms=6000)  # generous: the worker must start and report within it
+    try:
+        task = await h.create("behave", [{"progress": "early bird"}, {"sleep": 300}])
+        dispatch = asyncio.create_task(h.engine.dispatch_once())
+        deadline = time.monotonic() + 15
+        while (current := await h.engine.store.get_task(task.task_id)).progress is None:
+            assert time.monotonic() < deadline, "the held launch never released the worker"
+            await asyncio.sleep(0.02)
+        assert current.state == State.QUEUED and current.progress and current.progress.text == "early bird"
+        assert await dispatch == 1
+        running = await h.wait(task.task_id, [State.RUNNING])
+        assert running.progress and running.progress.text == "early bird", "running keeps the early report"
+    finally:
+        await h.close()
+
+
+async def test_a_failure_after_the_spawn_stops_the_tree(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path)
+    store: SchedulerStore = h.engine.store
+    real_update = store.update_task
+
+    async def failing(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+        if attempt is not None and attempt.state == "running":
+            raise RuntimeError("the database went away")
+        return await real_update(task_id, change, event_type, at, attempt=attempt)
+
+    store.update_task = failing  # type: ignore[method-assign]
+    try:
+        task = await h.create("sleeper")
+        assert await h.engine.dispatch_once() == 0
+        done = await h.wait(task.task_id, [State.FAILED])
+        assert done.failure and done.failure.code == "WORKER_LAUNCH_FAILED"
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert attempts[0].pid is not None and attempts[0].outcome == "launch_failed"
+        assert not proctree.identity_matches(attempts[0].pid, attempts[0].pid_start_time or -1)
+        assert not h.engine._live and not h.engine._by_token
+    finally:
+        store.update_task = real_update  # type: ignore[method-assign]
+        await h.close()
+
+
+@pytest.mark.parametrize("command", [["/nonexistent/worker"], ["no-such-worker-command"]])
+async def test_a_worker_that_cannot_start_fails_the_launch(tmp_path: Path, command: list[str]) -> None:
+    from libs.settings import WorkerProfile
+
+    h = await start_harness(tmp_path, workers={"broken": WorkerProfile(command=command)})
+    try:
+        task = await h.create("broken")
+        await h.engine.dispatch_once()
+        done = await h.wait(task.task_id, [State.FAILED])
+        assert done.failure and done.failure.code == "WORKER_LAUNCH_FAILED"
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert attempts[0].state == "ended" and attempts[0].outcome == "launch_failed"
+    finally:
+        await h.close()
+
+
+async def test_a_profile_whose_user_cannot_be_used_fails_its_tasks_clearly(tmp_path: Path) -> None:
+    from libs.settings import WorkerProfile
+
+    h = await start_harness(tmp_path, workers={"ghost": WorkerProfile(command=["true"], user="no-such-user-tg")})
+    try:
+        task = await h.create("ghost")
+        await h.engine.dispatch_once()
+        done = await h.wait(task.task_id, [State.FAILED])
+        assert done.failure and done.failure.code == "WORKER_LAUNCH_FAILED"
+        assert "no-such-user-tg" in done.failure.message
+    finally:
+        await h.close()
+
+
+async def test_a_cancel_reaching_an_unfinished_launch_of_an_earlier_boot_stops_it_first(tmp_path: Path) -> None:
+    from services.scheduler.engine import Engine
+
+    first = await start_harness(tmp_path, fault_hold_launch_ms=600_000)
+    task = await first.create("sleeper")
+    dispatch = asyncio.create_task(first.engine.dispatch_once())
+    deadline = time.monotonic() + 15
+    while not (attempts := await first.engine.store.attempts_of(task.task_id)) or attempts[0].pid is None:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    pid, start = attempts[0].pid, attempts[0].pid_start_time or -1
+    # A crash while the launch is held: nothing of the first incarnation runs any more.
+    dispatch.cancel()
+    await asyncio.gather(dispatch, return_exceptions=True)
+    await first.worker_server.stop(0)
+    await first.host.server.stop(0)
+    first.sockets.close()
+    assert proctree.identity_matches(pid, start) and attempts[0].state == "launching"
+    second = Engine(first.engine.settings, SchedulerStore(first.db))  # before its recovery ran
+    try:
+        done = await second.cancel(task.task_id, wait_s=10)
+        assert done.state == State.CANCELLED, "the queued task's launch is stopped before it is cancelled"
+        assert not proctree.identity_matches(pid, start)
+    finally:
+        if proctree.identity_matches(pid, start):
+            os.kill(pid, 9)
+        await first.engine.ownership.close()
+        first.db.close()

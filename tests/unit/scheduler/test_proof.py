@@ -1,0 +1,198 @@
+"""Detached daemons: a cancel is `cancelled` only when nothing of the attempt remains.
+
+The engine runs in this process (the test process becomes the child subreaper)
+with real workers, in both proof modes this machine supports, on SQLite and on
+PostgreSQL. The outcome must be `cancelled` with the daemon really gone, or
+`needs_reconciliation` naming its pid — never `cancelled` while it lives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from libs import proctree
+from libs.db import Database
+from libs.settings import WorkerProfile
+from services.scheduler import cgroups
+from services.scheduler.domain import State, Task
+from services.scheduler.store import MIGRATIONS
+from tests.support.postgres import fresh_database
+from tests.unit.scheduler.test_engine import Harness, running, start_harness
+
+DAEMONS = {
+    # setsid: the daemon leaves the worker's session and group, its parent exits at once.
+    "setsid-daemon": WorkerProfile(command=["sh", "-c", "setsid sh -c 'sleep 31 &'; sleep 300"]),
+    # A double fork without setsid: the daemon stays in the group but loses its parent.
+    "double-fork": WorkerProfile(command=["sh", "-c", "(sleep 31 &); sleep 300"]),
+}
+
+
+def cgroups_available(versions: tuple[int, ...] = (2,)) -> bool:
+    try:
+        cgroups.Cgroups.detect("taskgate-probe", versions).close()
+    except cgroups.CgroupUnavailable:
+        return False
+    return True
+
+
+MODES = [
+    pytest.param("cgroup", marks=pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")),
+    pytest.param(
+        "cgroup_v1", marks=pytest.mark.skipif(not cgroups_available((1,)), reason="no usable v1 freezer here")
+    ),
+    "subreaper",
+]
+
+
+def daemons_after(start_time: int) -> list[proctree.ProcStat]:
+    """Live `sleep 31` processes started at or after ``start_time`` (the workers' daemons)."""
+    found = []
+    for stat in proctree.process_table().values():
+        if not stat.alive or stat.start_time < start_time:
+            continue
+        try:
+            cmdline = Path(f"/proc/{stat.pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline == b"sleep\x0031\x00":
+            found.append(stat)
+    return found
+
+
+async def wait_daemon(h: Harness, task: Task) -> tuple[int, proctree.ProcStat]:
+    _, attempts = await h.engine.get_task(task.task_id)
+    leader_start = attempts[-1].pid_start_time or 0
+    deadline = time.monotonic() + 10
+    while True:
+        found = [d for d in daemons_after(leader_start) if d.ppid != attempts[-1].pid]
+        # The daemon has lost its parent: re-parented to this process (the subreaper).
+        if found and found[0].ppid == os.getpid():
+            return leader_start, found[0]
+        assert time.monotonic() < deadline, "the daemon did not detach"
+        time.sleep(0.02)
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Database:
+    if request.param == "sqlite":
+        return Database(f"sqlite:///{tmp_path / 'scheduler.db'}", MIGRATIONS)
+    return Database(fresh_database(request.getfixturevalue("postgres_url"), "proof"), MIGRATIONS)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("profile", sorted(DAEMONS))
+async def test_a_detached_daemon_is_stopped_before_cancelled(
+    tmp_path: Path, database: Database, mode: str, profile: str
+) -> None:
+    h = await start_harness(tmp_path, db=database, workers=DAEMONS, proof_mode=mode)
+    daemon = None
+    try:
+        assert (h.engine.ownership.cgroups is not None) == mode.startswith("cgroup") and h.engine.ownership.subreaper
+        if h.engine.ownership.cgroups is not None:
+            assert h.engine.ownership.cgroups.version == (1 if mode == "cgroup_v1" else 2)
+        task = await running(h, profile)
+        _, daemon = await wait_daemon(h, task)
+        done = await h.engine.cancel(task.task_id, wait_s=10)
+        done = await h.wait(task.task_id, [State.CANCELLED, State.NEEDS_RECONCILIATION])
+        alive = proctree.identity_matches(daemon.pid, daemon.start_time)
+        if done.state == State.CANCELLED:
+            assert not alive, "cancelled while the daemon lives"
+        else:
+            assert done.failure is not None and str(daemon.pid) in done.failure.message
+        # One attempt alone: the daemon is attributable, so it is really stopped.
+        assert done.state == State.CANCELLED and done.cancellation and done.cancellation.cleanup == "confirmed"
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert (daemon.pid, daemon.start_time) in {(d.pid, d.start_time) for d in attempts[-1].descendants}
+        if mode.startswith("cgroup"):
+            assert attempts[-1].cgroup and not Path(attempts[-1].cgroup).exists(), "the empty cgroup is removed"
+    finally:
+        if daemon is not None and proctree.identity_matches(daemon.pid, daemon.start_time):
+            kill_quietly(daemon.pid)
+        await h.close()
+
+
+async def test_an_orphan_that_fits_two_attempts_is_never_signalled_and_named(tmp_path: Path) -> None:
+    """Subreaper-only mode cannot tell whose orphan it is when two attempts could have made it."""
+    h = await start_harness(tmp_path, workers=DAEMONS, proof_mode="subreaper")
+    daemon = None
+    try:
+        first = await running(h, "sleeper")
+        second = await running(h, "setsid-daemon")
+        _, daemon = await wait_daemon(h, second)
+        # Its parent exited before anything recorded it (the supervisor runs hourly here).
+        done = await h.engine.cancel(second.task_id, wait_s=10)
+        done = await h.wait(second.task_id, [State.CANCELLED, State.NEEDS_RECONCILIATION])
+        assert done.state == State.NEEDS_RECONCILIATION
+        assert done.failure and done.failure.code == "CLEANUP_UNCONFIRMED" and str(daemon.pid) in done.failure.message
+        assert proctree.identity_matches(daemon.pid, daemon.start_time), "an unattributable pid is never signalled"
+        kill_quietly(daemon.pid)
+        deadline = time.monotonic() + 10
+        while proctree.identity_matches(daemon.pid, daemon.start_time):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        settled = await h.engine.retry_cleanup(second.task_id)
+        assert settled.state == State.CANCELLED
+        assert (await h.engine.store.get_task(first.task_id)).state == State.RUNNING
+    finally:
+        if daemon is not None:
+            kill_quietly(daemon.pid)
+        await h.close()
+
+
+async def test_zombies_of_reparented_orphans_are_reaped_and_leaders_left_to_asyncio(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path, workers=DAEMONS, proof_mode="subreaper")
+    try:
+        task = await running(h, "double-fork")
+        _, daemon = await wait_daemon(h, task)
+        await h.engine.supervise_once()  # attributes the orphan to the one attempt it can be from
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert daemon.pid in [d.pid for d in attempts[-1].descendants]
+        os.kill(daemon.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (stat := proctree.read_stat(daemon.pid)) is not None and stat.start_time == daemon.start_time:
+            await h.engine.supervise_once()
+            assert time.monotonic() < deadline, "the zombie was not reaped"
+        leader = attempts[-1].pid or -1
+        assert proctree.identity_matches(leader, attempts[-1].pid_start_time or -1), "the leader is untouched"
+        done = await h.engine.cancel(task.task_id, wait_s=10)
+        assert done.state == State.CANCELLED
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert attempts[-1].signal == signal.SIGTERM, "asyncio still got the leader's own exit status"
+    finally:
+        await h.close()
+
+
+async def test_a_child_still_being_launched_is_never_taken_for_an_orphan(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path, proof_mode="subreaper")
+    child = None
+    try:
+        task = await running(h, "sleeper")
+        # A launch has forked (its pid is not known yet): its child must not become this attempt's.
+        h.engine.ownership._forking["f" * 32] = proctree.boot_ticks() - 1
+        child = subprocess.Popen(["sleep", "30"])
+        pending = h.engine.ownership.orphan_check(proctree.process_table())
+        assert child.pid in [p.pid for p in pending]
+        attempt = next(a for a in h.engine.ownership.owned.values() if a.task_id == task.task_id)
+        assert child.pid not in [d.pid for d in attempt.descendants]
+        child.kill()
+        child.wait()
+        del h.engine.ownership._forking["f" * 32]
+        assert (await h.engine.cancel(task.task_id, wait_s=10)).state == State.CANCELLED
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+        await h.close()
