@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway_http import errors
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import health, sessions, tasks
+from gateway_http.routes import conversation, health, sessions, tasks
 from gateway_http.store import GatewayStore
 from libs.settings import Settings
 
@@ -39,5 +39,6 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.include_router(health.router)
     app.include_router(tasks.router)
     app.include_router(sessions.router)
+    app.include_router(conversation.router)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
     return app
