@@ -7,8 +7,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import queue
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import Api, add_member, create_key, run_cli
-from tests.support.procs import free_port
+from tests.e2e.conftest import Api, add_member, run_cli
+from tests.support.procs import REPO, free_port
 from tests.support.stack import Stack, make_stack
 
 SECRET = "webhook-secret-for-tests"
@@ -105,7 +109,7 @@ class Env:
         return Api(self.stack, key or self.key, agent=agent, session=session)
 
 
-SESSIONS = ["sse-1", "sse-2", "promise-1", "revoke-1"]
+SESSIONS = ["sse-1", "sse-2", "promise-1", "revoke-1", "cli-1"]
 HOOK_SESSIONS = ["hook-1", "hook-2", "hook-3", "hook-4"]
 
 
@@ -463,3 +467,31 @@ def test_unbacked_promise_is_recorded_only_without_work_behind_it(env: Env) -> N
     assert api.request("GET", "/events").json()["total"] == 1
     bad = api.request("POST", path, json={"text": "x", "followUp": "maybe"})
     assert bad.status_code == 400
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def test_cli_lists_messages_and_notifications_and_watches_activity(env: Env) -> None:
+    api = env.api("cli-1")
+    rest = ["--url", env.stack.http_url, "--api-key", env.key, "--agent", "agent-1", "--session", "cli-1"]
+    put(api, "cli-r", "first draft")
+    listed = run_cli(env.stack, "messages", *rest, "list", "--page-size", "100")
+    assert listed.returncode == 0 and "message(s)" in listed.stdout, listed.stderr
+    notes = run_cli(env.stack, "notifications", *rest, "list", "--state", "pending")
+    assert notes.returncode == 0 and "0 notification(s)" in notes.stdout, notes.stderr
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "gateway_http.cli.main", "activity", *rest, "watch"],
+        cwd=REPO,
+        env={**os.environ, **env.stack.env},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watcher.stdout is not None
+        assert watcher.stdout.readline().strip() == "[cli-r …] first draft"
+        put(api, "cli-r", "done", final=True)
+        assert watcher.stdout.readline().strip() == "[cli-r final] done"
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=10) == 0
