@@ -187,7 +187,7 @@ def _last_event_id(request: Request) -> int | None:
     return int(raw)
 
 
-@router.get("/activity/stream", response_class=BoundedEventStream)
+@router.get("/activity/stream", response_class=BoundedEventStream, status_code=200)
 async def activity_stream(request: Request, caller: SessionCaller) -> BoundedEventStream:
     """Server-Sent Events: the session's in-progress responses, then every snapshot and notification.
 

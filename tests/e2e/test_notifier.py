@@ -268,6 +268,15 @@ def test_activity_stream_replays_replaces_finalizes_and_resumes(env: Env) -> Non
     assert bad.status_code == 400
 
 
+def test_the_openapi_document_lists_the_conversation_endpoints(env: Env) -> None:
+    paths = httpx.get(f"{env.stack.http_url}/openapi.json", timeout=10).json()["paths"]
+    base = "/api/v1/agents/{agentId}/sessions/{sessionId}"
+    stream = paths[base + "/activity/stream"]["get"]["responses"]["200"]["content"]
+    assert "text/event-stream" in stream
+    for path in ("/responses/{responseId}", "/messages", "/notifications", "/events"):
+        assert base + path in paths
+
+
 def test_user_messages_are_history(env: Env) -> None:
     api = env.api("sse-1")
     created = api.request("POST", "/messages", json={"text": "hi there"})
