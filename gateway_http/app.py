@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway_http import errors
+from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
 from gateway_http.routes import conversation, health, sessions, tasks
@@ -24,9 +25,11 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # grpc.aio channels belong to the serving event loop.
         app.state.backends = Backends.open(settings)
+        app.state.activity = ActivityFanout(app.state.backends.notifier, conversation.notification_json)
         try:
             yield
         finally:
+            await app.state.activity.close()
             await app.state.backends.close()
 
     app = FastAPI(title="taskgate", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)

@@ -4,14 +4,13 @@ and the activity stream (SSE)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
+from gateway_http.activity import ActivityFanout
 from gateway_http.auth import MAX_KEY_CHARS, SessionCaller
 from gateway_http.backends import Backends, request_metadata
 from gateway_http.convert import iso
@@ -197,28 +196,7 @@ async def activity_stream(request: Request, caller: SessionCaller) -> BoundedEve
     """
     after = _last_event_id(request)
     settings: Settings = request.app.state.settings
-    backends = _backends(request)
-    stream_request = pb.StreamActivityRequest(agent_id=caller.agent_id, session_id=caller.session_id)
-    if after is not None:
-        stream_request.after_sequence = after
-    call = backends.notifier.StreamActivity(stream_request, metadata=request_metadata(request))
-
-    async def frames() -> AsyncIterator[bytes]:
-        try:
-            async for item in call:
-                if item.HasField("notification"):
-                    data = json.dumps(notification_json(item.notification, with_attempts=False))
-                    yield frame(data, "notification", str(item.sequence))
-                else:
-                    s = item.snapshot
-                    data = json.dumps({"responseId": s.response_id, "text": s.text, "final": s.final})
-                    yield frame(data, None, str(item.sequence))
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
-                yield frame(json.dumps({"error": exc.code().name, "message": exc.details() or ""}), "error")
-        finally:
-            call.cancel()
-
+    fanout: ActivityFanout = request.app.state.activity
     store: GatewayStore = request.app.state.store
     secret = request.headers.get("authorization", "").partition(" ")[2].strip()[:MAX_KEY_CHARS]
 
@@ -235,7 +213,7 @@ async def activity_stream(request: Request, caller: SessionCaller) -> BoundedEve
 
     heartbeat_s = settings.notifier.sse_heartbeat_ms / 1000
     return BoundedEventStream(
-        frames(),
+        fanout.stream(caller.agent_id, caller.session_id, after),
         buffer_frames=settings.notifier.sse_client_buffer,
         heartbeat_s=heartbeat_s,
         still_allowed=still_allowed,

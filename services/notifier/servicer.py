@@ -57,12 +57,22 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
         self.channel_of = channel_of
         self.session_tasks = session_tasks
         self.wake_delivery = wake_delivery
+        self._encoded_frames: dict[int, pb.StreamActivityResponse] = {}
 
     async def create_notification(self, n: Notification) -> Notification:
         """Shared by EnqueueNotification and the event-log follower's callers."""
         stored, frame = await self.store.enqueue(n, new_id())
         self.after_commit(frame)
         return stored
+
+    def _encoded(self, frame: Frame) -> pb.StreamActivityResponse:
+        """A live frame goes to every subscriber of its conversation: convert it once."""
+        message = self._encoded_frames.get(frame.seq)
+        if message is None:
+            message = self._encoded_frames[frame.seq] = convert.frame_to_pb(frame)
+            if len(self._encoded_frames) > 256:
+                del self._encoded_frames[next(iter(self._encoded_frames))]
+        return message
 
     def after_commit(self, frame: Frame | None) -> None:
         if frame is None:
@@ -259,6 +269,21 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
         self.after_commit(frame)
         return pb.PublishResponseResponse(response=convert.response_to_pb(response))
 
+    async def _replay(self, agent_id: str, session_id: str, after: int | None) -> tuple[list[Frame], bool]:
+        if after is not None:
+            frames = await self.store.frames_after(agent_id, session_id, after)
+            if frames is not None:
+                return frames, True
+        return await self.store.open_responses(agent_id, session_id), False
+
+    async def ReplayActivity(
+        self, request: pb.ReplayActivityRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReplayActivityResponse:
+        domain.validate_conversation(request.agent_id, request.session_id)
+        after = request.after_sequence if request.HasField("after_sequence") else None
+        frames, resumed = await self._replay(request.agent_id, request.session_id, after)
+        return pb.ReplayActivityResponse(frames=[convert.frame_to_pb(f) for f in frames], resumed=resumed)
+
     async def StreamActivity(
         self, request: pb.StreamActivityRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamActivityResponse]:
@@ -266,11 +291,12 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
         agent_id, session_id = request.agent_id, request.session_id
         with self.hub.subscribe(agent_id, session_id) as sub:
             # Subscribed before reading, so nothing falls between; duplicates are skipped below.
-            frames: list[Frame] | None = None
-            if request.HasField("after_sequence"):
-                frames = await self.store.frames_after(agent_id, session_id, request.after_sequence)
-            if frames is None:
-                frames = await self.store.open_responses(agent_id, session_id)
+            if request.live_only:
+                frames: list[Frame] = []
+                yield pb.StreamActivityResponse()
+            else:
+                after = request.after_sequence if request.HasField("after_sequence") else None
+                frames, _ = await self._replay(agent_id, session_id, after)
             sent_snapshots: dict[str, int] = {}
             sent_notifications: set[int] = set()
 
@@ -297,4 +323,4 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
                         ) from None
                     continue
                 if fresh(frame):
-                    yield convert.frame_to_pb(frame)
+                    yield self._encoded(frame)

@@ -222,3 +222,21 @@ async def test_stop_keeps_the_update_for_the_next_user_turn(h: Harness) -> None:
             pb.StopNotificationRequest(agent_id="a", session_id="other", notification_id=n.notification_id)
         )
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_live_only_streams_mark_readiness_and_replay_is_a_call(h: Harness) -> None:
+    await h.stub.PublishResponse(publish("r1", "open"))
+    stream = h.stub.StreamActivity(pb.StreamActivityRequest(agent_id="a", session_id="s", live_only=True), timeout=10)
+    (marker,) = await take(stream, 1)
+    assert marker.sequence == 0 and not marker.HasField("snapshot") and not marker.HasField("notification")
+    later = asyncio.ensure_future(take(stream, 1))
+    await h.stub.PublishResponse(publish("r1", "open, more"))
+    (live,) = await asyncio.wait_for(later, 10)
+    assert live.snapshot.text == "open, more"
+    stream.cancel()
+    replay = await h.stub.ReplayActivity(pb.ReplayActivityRequest(agent_id="a", session_id="s"))
+    assert [f.snapshot.text for f in replay.frames] == ["open, more"] and not replay.resumed
+    resumed = await h.stub.ReplayActivity(
+        pb.ReplayActivityRequest(agent_id="a", session_id="s", after_sequence=live.sequence - 1)
+    )
+    assert [f.sequence for f in resumed.frames] == [live.sequence] and resumed.resumed

@@ -338,14 +338,16 @@ class PublishResponseResponse(_message.Message):
     def __init__(self, response: _Optional[_Union[Response, _Mapping]] = ...) -> None: ...
 
 class StreamActivityRequest(_message.Message):
-    __slots__ = ("agent_id", "session_id", "after_sequence")
+    __slots__ = ("agent_id", "session_id", "after_sequence", "live_only")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     session_id: str
     after_sequence: int
-    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+    live_only: bool
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., after_sequence: _Optional[int] = ..., live_only: _Optional[bool] = ...) -> None: ...
 
 class StreamActivityResponse(_message.Message):
     __slots__ = ("sequence", "snapshot", "notification")
@@ -356,3 +358,21 @@ class StreamActivityResponse(_message.Message):
     snapshot: ResponseSnapshot
     notification: Notification
     def __init__(self, sequence: _Optional[int] = ..., snapshot: _Optional[_Union[ResponseSnapshot, _Mapping]] = ..., notification: _Optional[_Union[Notification, _Mapping]] = ...) -> None: ...
+
+class ReplayActivityRequest(_message.Message):
+    __slots__ = ("agent_id", "session_id", "after_sequence")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_id: str
+    after_sequence: int
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., after_sequence: _Optional[int] = ...) -> None: ...
+
+class ReplayActivityResponse(_message.Message):
+    __slots__ = ("frames", "resumed")
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[StreamActivityResponse]
+    resumed: bool
+    def __init__(self, frames: _Optional[_Iterable[_Union[StreamActivityResponse, _Mapping]]] = ..., resumed: _Optional[bool] = ...) -> None: ...

@@ -81,6 +81,11 @@ class NotifierServiceStub:
                 request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityRequest.SerializeToString,
                 response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityResponse.FromString,
                 _registered_method=True)
+        self.ReplayActivity = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/ReplayActivity',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.FromString,
+                _registered_method=True)
 
 
 class NotifierServiceServicer:
@@ -149,6 +154,14 @@ class NotifierServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplayActivity(self, request, context):
+        """What StreamActivity would send first, at once: for an edge that shares one
+        live_only stream per conversation among many clients.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NotifierServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +209,11 @@ def add_NotifierServiceServicer_to_server(servicer, server):
                     servicer.StreamActivity,
                     request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityRequest.FromString,
                     response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityResponse.SerializeToString,
+            ),
+            'ReplayActivity': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayActivity,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +461,33 @@ class NotifierService:
             '/taskgate.notifier.v1.NotifierService/StreamActivity',
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityRequest.SerializeToString,
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayActivity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/ReplayActivity',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.FromString,
             options,
             channel_credentials,
             insecure,
