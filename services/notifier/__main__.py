@@ -27,9 +27,12 @@ log = structlog.get_logger("notifier")
 
 async def prune_loop(store: NotifierStore, settings: Settings, clock: SystemClock) -> None:
     while True:
-        removed = await store.prune_activity(clock.now_ms() - settings.notifier.activity_retention_ms)
-        if removed:
-            log.info("activity_pruned", frames=removed)
+        try:
+            removed = await store.prune_activity(clock.now_ms() - settings.notifier.activity_retention_ms)
+            if removed:
+                log.info("activity_pruned", frames=removed)
+        except Exception:  # noqa: BLE001 - try again next round
+            log.exception("activity_prune_failed")
         await asyncio.sleep(60)
 
 

@@ -81,9 +81,13 @@ class Deliverer:
         try:
             while True:
                 self._wake.clear()
-                await self.tick()
+                try:
+                    await self.tick()
+                    next_due = await self.store.next_due_at()
+                except Exception:  # noqa: BLE001 - e.g. the database; the loop must go on
+                    log.exception("delivery_tick_failed")
+                    next_due = None
                 now = self.clock.now_ms()
-                next_due = await self.store.next_due_at()
                 # Due-but-busy ones are picked up when their conversation's task ends (it wakes us).
                 wait_s = 1.0 if next_due is None or next_due <= now else min(1.0, (next_due - now) / 1000)
                 try:

@@ -81,7 +81,12 @@ class EventLogFollower:
         delay = 0.2
         reported_down = False
         while True:
-            cursor = await self.store.cursor(CURSOR)
+            try:
+                cursor = await self.store.cursor(CURSOR)
+            except Exception:  # noqa: BLE001 - the database may come back
+                log.exception("event_log_cursor_unreadable")
+                await asyncio.sleep(2.0)
+                continue
             stream = self.stub.WatchTasks(
                 spb.WatchTasksRequest(all_sessions=True, since_sequence=cursor, event_types=list(EVENT_TYPES))
             )
@@ -98,6 +103,8 @@ class EventLogFollower:
                 if not reported_down:
                     log.warning("event_log_unreachable", code=exc.code().name, cursor=cursor)
                     reported_down = True
+            except Exception:  # noqa: BLE001 - e.g. the database: retry from the stored cursor
+                log.exception("event_log_follow_failed", cursor=cursor)
             finally:
                 stream.cancel()
             await asyncio.sleep(delay)
