@@ -113,32 +113,51 @@ SESSIONS = ["sse-1", "sse-2", "promise-1", "revoke-1", "cli-1"]
 HOOK_SESSIONS = ["hook-1", "hook-2", "hook-3", "hook-4"]
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    receiver, server = start_receiver()
-    stack = make_stack(tmp_path_factory.mktemp("notifier-stack"))
-    config = Path(stack.env["TASKGATE_CONFIG"])
-    config.write_text(
-        config.read_text()
-        + f"""
+NOTIFIER_CONFIG = """
 [notifier]
 sse_heartbeat_ms = 300
 sse_client_buffer = 16
-retry_initial_ms = {RETRY_INITIAL_MS}
+retry_initial_ms = {retry_initial_ms}
 retry_max_ms = 3000
 delivery_timeout_ms = 2000
 
 [channels.hook]
 kind = "webhook"
-url = "http://127.0.0.1:{receiver.port}/hook"
-secret = "{SECRET}"
+url = "http://127.0.0.1:{port}/hook"
+secret = "{secret}"
 
-[agents.{HOOK_AGENT}]
+[agents.{agent}]
 channel = "hook"
 """
-    )
+
+
+def start_stack(base: Path, receiver: Receiver) -> Stack:
+    # Free ports are picked before the services bind them; on a busy machine (other suites
+    # running) one can be taken meanwhile, so a start that fails that way is retried on new ports.
+    for attempt in range(3):
+        stack = make_stack(base / f"try{attempt}")
+        config = Path(stack.env["TASKGATE_CONFIG"])
+        config.write_text(
+            config.read_text()
+            + NOTIFIER_CONFIG.format(
+                retry_initial_ms=RETRY_INITIAL_MS, port=receiver.port, secret=SECRET, agent=HOOK_AGENT
+            )
+        )
+        try:
+            return stack.start()
+        except RuntimeError as exc:
+            stack.stop()
+            if "address already in use" not in str(exc) or attempt == 2:
+                print(stack.logs())
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    receiver, server = start_receiver()
+    stack = start_stack(tmp_path_factory.mktemp("notifier-stack"), receiver)
     try:
-        stack.start()
         result = run_cli(
             stack, "admin", "keys", "create", "--principal", "nora", "--agent", "agent-1", "--agent", HOOK_AGENT
         )
