@@ -109,7 +109,7 @@ class Env:
         return Api(self.stack, key or self.key, agent=agent, session=session)
 
 
-SESSIONS = ["sse-1", "sse-2", "promise-1", "revoke-1", "cli-1"]
+SESSIONS = ["sse-1", "sse-2", "promise-1", "revoke-1", "cli-1", "ask-1"]
 HOOK_SESSIONS = ["hook-1", "hook-2", "hook-3", "hook-4"]
 
 
@@ -470,6 +470,33 @@ def wait_notification(api: Api, task_id: str) -> dict[str, Any]:
                 return n  # type: ignore[no-any-return]
         time.sleep(0.05)
     raise AssertionError(f"no notification for {task_id}")
+
+
+def test_a_question_and_the_ending_are_notified_once_each(env: Env) -> None:
+    api = env.api("ask-1")
+    steps = [{"ask": "Which database?"}, {"result": {"text": "finished"}}]
+    task = api.create("asks", profile="behave", instructions=json.dumps(steps))
+    waiting = api.wait_state(task["taskId"], "waiting_input")
+    question = waiting["pendingQuestion"]
+    note = wait_notification(api, task["taskId"])
+    assert note["kind"] == "task.question" and note["questionId"] == question["questionId"]
+    assert "Which database?" in note["text"] and note["state"] == "delivered"  # no channel: history is delivery
+    answered = api.request(
+        "POST", f"/tasks/{task['taskId']}/answer", json={"questionId": question["questionId"], "answer": "SQLite"}
+    )
+    assert answered.status_code == 200, answered.text
+    api.wait_state(task["taskId"], "completed")
+    deadline = time.monotonic() + 20
+    while True:
+        kinds = sorted(
+            n["kind"]
+            for n in api.request("GET", "/notifications").json()["notifications"]
+            if n.get("taskId") == task["taskId"]
+        )
+        if kinds == ["task.completed", "task.question"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert kinds == ["task.completed", "task.question"]
 
 
 def test_unbacked_promise_is_recorded_only_without_work_behind_it(env: Env) -> None:
