@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import BigInteger, ColumnElement, delete, func
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from libs.db import Database, Migration
+from libs.db import Database, Migration, lock_key
 from services.notifier import domain
 from services.notifier.domain import (
     Attempt,
@@ -264,6 +264,9 @@ def _response(row: ResponseRow) -> Response:
 
 
 def _add_frame(s: Session, frame: Frame, at: int, keep: int) -> Frame:
+    # One writer per conversation at a time (PostgreSQL): its frames' sequences then commit in
+    # order, so resuming after a Last-Event-ID never skips a frame that committed late.
+    lock_key(s, f"activity:{frame.agent_id}:{frame.session_id}")
     row = ActivityRow(agent_id=frame.agent_id, session_id=frame.session_id, at=at, frame=frame.to_json())
     s.add(row)
     s.flush()
@@ -302,6 +305,8 @@ class NotifierStore:
 
     def _insert_notification(self, s: Session, n: Notification, message_id: str) -> tuple[Notification, Frame | None]:
         if n.key:
+            # Two enqueues with one key (PostgreSQL, several threads) wait for each other.
+            lock_key(s, f"notification:{n.agent_id}:{n.session_id}:{n.key}")
             existing = s.exec(
                 select(NotificationRow).where(
                     *_conversation(NotificationRow, n.agent_id, n.session_id), NotificationRow.request_id == n.key
@@ -392,8 +397,11 @@ class NotifierStore:
 
         return await self.db.run(work)
 
-    def _get(self, s: Session, agent_id: str, session_id: str, notification_id: str) -> NotificationRow:
-        row = s.get(NotificationRow, notification_id)
+    def _get(
+        self, s: Session, agent_id: str, session_id: str, notification_id: str, for_update: bool = False
+    ) -> NotificationRow:
+        query = select(NotificationRow).where(NotificationRow.notification_id == notification_id)
+        row = s.exec(query.with_for_update() if for_update else query).first()
         if row is None or row.agent_id != agent_id or row.session_id != session_id:
             raise domain.NotFound("NOTIFICATION_NOT_FOUND", f"no notification {notification_id} in this session")
         return row
@@ -409,7 +417,8 @@ class NotifierStore:
         """Pending → stopped (never retried); delivered or stopped ones stay as they are."""
 
         def work(s: Session) -> Notification:
-            row = self._get(s, agent_id, session_id, notification_id)
+            # Locked: a delivery attempt finishing meanwhile is not overwritten.
+            row = self._get(s, agent_id, session_id, notification_id, for_update=True)
             if row.state == State.PENDING.value:
                 row.state = State.STOPPED.value
                 row.next_attempt_at = None
@@ -511,6 +520,8 @@ class NotifierStore:
         """Replace the response's snapshot; a final one becomes a history message. One transaction."""
 
         def work(s: Session) -> tuple[Response, Frame]:
+            # Concurrent publishes of one response (PostgreSQL) apply one after the other.
+            lock_key(s, f"response:{snapshot.agent_id}:{snapshot.session_id}:{snapshot.response_id}")
             row = s.get(ResponseRow, (snapshot.agent_id, snapshot.session_id, snapshot.response_id))
             current = _response(row) if row else None
             if row is not None and current is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -113,3 +114,15 @@ async def test_old_outbox_rows_read_after_the_migration(tmp_path: Path) -> None:
         ]
     finally:
         db.close()
+
+
+async def test_concurrent_final_snapshots_close_a_response_once(store: NotifierStore) -> None:
+    await store.publish(response("r1", "draft"))
+    results = await asyncio.gather(
+        *(store.publish(response("r1", f"final {i}", final=True, at=10 + i)) for i in range(8)),
+        return_exceptions=True,
+    )
+    assert sum(not isinstance(r, BaseException) for r in results) == 1
+    assert all(isinstance(r, ResponseFinal) for r in results if isinstance(r, BaseException))
+    _, messages = await store.list_messages("a", "s", 0, 10)
+    assert len(messages) == 1
