@@ -13,9 +13,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp
 
 from gateway_http import errors, openapi
+from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import health, sessions, tasks
+from gateway_http.routes import conversation, health, sessions, tasks
 from gateway_http.store import GatewayStore
 from libs.settings import Settings
 
@@ -32,9 +33,11 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # grpc.aio channels belong to the serving event loop.
         app.state.backends = Backends.open(settings)
+        app.state.activity = ActivityFanout(app.state.backends.notifier, conversation.notification_json)
         try:
             yield
         finally:
+            await app.state.activity.close()
             await app.state.backends.close()
 
     app = GatewayApp(
@@ -58,5 +61,6 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.include_router(health.router)
     app.include_router(tasks.router)
     app.include_router(sessions.router)
+    app.include_router(conversation.router)
     openapi.install(app, settings)
     return app

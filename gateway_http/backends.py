@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from libs.grpc_client import REQUEST_ID_KEY, ClientSecurity, aio_channel
 from libs.settings import Settings
+from taskgate.notifier.v1 import notifier_pb2_grpc
 from taskgate.pending.v1 import pending_pb2_grpc
 from taskgate.scheduler.v1 import scheduler_pb2_grpc
 
@@ -27,6 +28,7 @@ class Backends:
     channels: dict[str, grpc.aio.Channel]
     scheduler: scheduler_pb2_grpc.SchedulerServiceStub
     pending: pending_pb2_grpc.PendingRegistryServiceStub
+    notifier: notifier_pb2_grpc.NotifierServiceStub
     timeout_s: float
 
     @classmethod
@@ -37,6 +39,7 @@ class Backends:
             channels=channels,
             scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels["scheduler"]),
             pending=pending_pb2_grpc.PendingRegistryServiceStub(channels["pending"]),
+            notifier=notifier_pb2_grpc.NotifierServiceStub(channels["notifier"]),
             timeout_s=settings.rpc_timeout_ms / 1000,
         )
 

@@ -73,9 +73,9 @@ class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _Body(_Closed):
+class RequestBody(_Closed):
     @model_validator(mode="after")
-    def _utf8(self) -> _Body:
+    def _utf8(self) -> RequestBody:
         # JSON may carry lone surrogates ("\ud800"), which no backend can store.
         for name, value in self:
             if isinstance(value, str):
@@ -99,7 +99,7 @@ class ErrorBody(_Closed):
 # --- request bodies ------------------------------------------------------------------
 
 
-class CreateTaskBody(_Body):
+class CreateTaskBody(RequestBody):
     title: str = Field(max_length=200, json_schema_extra=NOT_BLANK, description="white space around it is dropped")
     instructions: str = Field(default="", max_length=65536, description="at most 64 KiB of UTF-8")
     profile: str | None = Field(
@@ -112,11 +112,11 @@ class CreateTaskBody(_Body):
     harnessModel: str | None = Field(default=None, max_length=100)
 
 
-class CancelBody(_Body):
+class CancelBody(RequestBody):
     replacedByTaskId: str | None = Field(default=None, pattern=UUID_HEX_REGEX, min_length=32, max_length=32)
 
 
-class AnswerBody(_Body):
+class AnswerBody(RequestBody):
     questionId: str = Field(pattern=UUID_HEX_REGEX, min_length=32, max_length=32)
     answer: str = Field(max_length=65536, json_schema_extra=NOT_BLANK, description="at most 64 KiB of UTF-8")
 

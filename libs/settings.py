@@ -3,7 +3,8 @@
 Sources, later ones winning: built-in defaults, the operator TOML file named by
 ``TASKGATE_CONFIG`` (or ``config/default.toml`` of the repository), then
 environment variables prefixed ``TASKGATE_``. ``TASKGATE_<FIELD>`` sets a top-level
-field; ``TASKGATE_TASKS_<NAME>`` sets ``[tasks] <name>``. Built once in each
+field; ``TASKGATE_TASKS_<NAME>`` sets ``[tasks] <name>``, ``TASKGATE_NOTIFIER_<NAME>`` sets
+``[notifier] <name>``. Built once in each
 ``__main__`` from an injectable mapping; nothing reads the environment at import.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "config" / "default.toml"
@@ -91,6 +92,36 @@ class WorkerProfile(_Frozen):
 class AgentConfig(_Frozen):
     workspace: str | None = None
     orchestration_enabled: bool = True
+    # The [channels.NAME] the notifier delivers this agent's notifications to.
+    channel: str | None = None
+
+
+class ChannelConfig(_Frozen):
+    kind: Literal["webhook"]
+    url: str
+    # HMAC-SHA256 key for X-Taskgate-Signature.
+    secret: str = Field(min_length=16)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("a webhook url starts with http:// or https://")
+        return v
+
+
+class NotifierSettings(_Frozen):
+    sse_heartbeat_ms: int = Field(15_000, ge=50)
+    # Frames buffered per SSE client; a client that lets it fill is disconnected.
+    sse_client_buffer: int = Field(256, ge=8, le=100_000)
+    retry_initial_ms: int = Field(5_000, ge=10)
+    retry_max_ms: int = Field(300_000, ge=10)
+    delivery_timeout_ms: int = Field(10_000, ge=50)
+    # Conversations delivered to at once (one notification in flight per conversation).
+    delivery_concurrency: int = Field(16, ge=1, le=1024)
+    # Activity frames kept per conversation for Last-Event-ID resume, and for how long.
+    activity_retention_frames: int = Field(1000, ge=1)
+    activity_retention_ms: int = Field(86_400_000, ge=1000)
 
 
 class Settings(_Frozen):
@@ -130,6 +161,15 @@ class Settings(_Frozen):
     tasks: TaskSettings = Field(default_factory=TaskSettings)  # type: ignore[arg-type]
     workers: dict[str, WorkerProfile] = Field(default_factory=dict)
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    notifier: NotifierSettings = Field(default_factory=NotifierSettings)  # type: ignore[arg-type]
+    channels: dict[str, ChannelConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _channels_exist(self) -> Settings:
+        for agent_id, agent in self.agents.items():
+            if agent.channel is not None and agent.channel not in self.channels:
+                raise ValueError(f"agents.{agent_id}.channel names {agent.channel!r}, which is not a [channels] entry")
+        return self
 
     @field_validator("scheduler_addr", "pending_addr", "telemetry_addr", "notifier_addr", "http_addr")
     @classmethod
@@ -171,8 +211,11 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
         raise SettingsError(f"TASKGATE_CONFIG names {config_path}, which does not exist")
     raw["config_path"] = str(config_path) if config_path.exists() else None
     tasks = TaskSettings._aliases(dict(raw.get("tasks", {})))
-    top_fields = set(Settings.model_fields) - {"tasks", "workers", "agents", "config_path", "caller_secrets"}
+    top_fields = set(Settings.model_fields) - {
+        "tasks", "workers", "agents", "config_path", "caller_secrets", "notifier", "channels"
+    }
     caller_secrets: dict[str, str] = {}
+    notifier = dict(raw.get("notifier", {}))
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
@@ -185,8 +228,12 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
             caller_secrets[name[len("secret_") :]] = value
         elif name in top_fields:
             raw[name] = value
+        elif name.startswith("notifier_") and name[len("notifier_") :] in NotifierSettings.model_fields:
+            # TASKGATE_NOTIFIER_ADDR / _DB_URL are top-level fields, matched above.
+            notifier[name[len("notifier_") :]] = value
     raw["tasks"] = tasks
     raw["caller_secrets"] = caller_secrets
+    raw["notifier"] = notifier
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from gateway_http.cli import pending
+from gateway_http.cli import conversation, pending
 from gateway_http.cli.client import ApiFailure, RestClient
 from gateway_http.cli.tables import render_table
 from gateway_http.store import MIGRATIONS, GatewayStore
@@ -392,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     plisten.add_argument("--prefix", default="cli-", help="session-origin prefix: cli-, chat-, tg-, dc- or ''")
     plisten.add_argument("--addr", help="pending-registry address (TASKGATE_PENDING_ADDR)")
     plisten.set_defaults(fn=cmd_pending_listen)
+    conversation.register(top, _client)
     return parser
 
 

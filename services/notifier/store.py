@@ -1,12 +1,34 @@
-"""Notifier persistence: the notification outbox."""
+"""Notifier persistence: notifications and their delivery attempts, conversation
+messages, response snapshots, the retained activity frames, conversation events and
+the cursor into the scheduler's event log.
+
+Every change is one transaction; a notification, its history message, its activity
+frame and the event-log cursor are written together.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import BigInteger, ColumnElement, delete, func
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from libs.db import Database, Migration
-from services.notifier.domain import Kind, Notification
+from libs.db import Database, Migration, lock_key
+from services.notifier import domain
+from services.notifier.domain import (
+    Attempt,
+    Backoff,
+    ConversationEvent,
+    FollowUp,
+    Kind,
+    Message,
+    Notification,
+    Outcome,
+    Response,
+    State,
+)
 
 MIGRATIONS = [
     Migration(
@@ -20,6 +42,50 @@ MIGRATIONS = [
             " request_id VARCHAR(128), attempt_count INTEGER NOT NULL)",
             "CREATE INDEX ix_notifications_conversation ON notifications (agent_id, session_id, created_at)",
             "CREATE UNIQUE INDEX ux_notifications_request ON notifications (agent_id, session_id, request_id)",
+        ],
+    ),
+    Migration(
+        2,
+        "delivery, conversations, responses, activity, event-log cursor",
+        [
+            "ALTER TABLE notifications ADD COLUMN question_id VARCHAR(32)",
+            "ALTER TABLE notifications ADD COLUMN state VARCHAR(16) NOT NULL DEFAULT 'pending'",
+            "ALTER TABLE notifications ADD COLUMN channel VARCHAR(128)",
+            "ALTER TABLE notifications ADD COLUMN next_attempt_at BIGINT",
+            "ALTER TABLE notifications ADD COLUMN delivered_at BIGINT",
+            "ALTER TABLE notifications ADD COLUMN consumed_at BIGINT",
+            # Foundation rows: handled ones were delivered; the others are due now.
+            "UPDATE notifications SET state = 'delivered', delivered_at = created_at WHERE handled",
+            "UPDATE notifications SET next_attempt_at = created_at WHERE NOT handled",
+            "CREATE INDEX ix_notifications_due ON notifications (state, next_attempt_at)",
+            "CREATE TABLE delivery_attempts ("
+            " id {ID_PK}, notification_id VARCHAR(32) NOT NULL REFERENCES notifications(notification_id),"
+            " at BIGINT NOT NULL, outcome VARCHAR(16) NOT NULL, http_status INTEGER, error TEXT,"
+            " retry_after_ms BIGINT)",
+            "CREATE INDEX ix_delivery_attempts_notification ON delivery_attempts (notification_id, id)",
+            "CREATE TABLE messages ("
+            " message_id VARCHAR(32) PRIMARY KEY, agent_id VARCHAR(128) NOT NULL,"
+            " session_id VARCHAR(128) NOT NULL, role VARCHAR(16) NOT NULL, text TEXT NOT NULL,"
+            " response_id VARCHAR(128), notification_id VARCHAR(32), follow_up VARCHAR(16),"
+            " created_at BIGINT NOT NULL, completed_at BIGINT, sort_at BIGINT NOT NULL)",
+            "CREATE INDEX ix_messages_history ON messages (agent_id, session_id, sort_at, message_id)",
+            "CREATE UNIQUE INDEX ux_messages_response ON messages (agent_id, session_id, response_id)",
+            "CREATE TABLE responses ("
+            " agent_id VARCHAR(128) NOT NULL, session_id VARCHAR(128) NOT NULL,"
+            " response_id VARCHAR(128) NOT NULL, text TEXT NOT NULL, final BOOLEAN NOT NULL,"
+            " created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, completed_at BIGINT,"
+            " last_seq BIGINT NOT NULL, PRIMARY KEY (agent_id, session_id, response_id))",
+            "CREATE INDEX ix_responses_open ON responses (agent_id, session_id, final)",
+            "CREATE TABLE activity ("
+            " seq {ID_PK}, agent_id VARCHAR(128) NOT NULL, session_id VARCHAR(128) NOT NULL,"
+            " at BIGINT NOT NULL, frame TEXT NOT NULL)",
+            "CREATE INDEX ix_activity_conversation ON activity (agent_id, session_id, seq)",
+            "CREATE INDEX ix_activity_at ON activity (at)",
+            "CREATE TABLE conversation_events ("
+            " id {ID_PK}, agent_id VARCHAR(128) NOT NULL, session_id VARCHAR(128) NOT NULL,"
+            " kind VARCHAR(64) NOT NULL, at BIGINT NOT NULL, data TEXT NOT NULL)",
+            "CREATE INDEX ix_conversation_events ON conversation_events (agent_id, session_id, id)",
+            "CREATE TABLE follow_cursors (name VARCHAR(64) PRIMARY KEY, sequence BIGINT NOT NULL)",
         ],
     ),
 ]
@@ -37,42 +103,576 @@ class NotificationRow(SQLModel, table=True):
     created_at: int = Field(sa_type=BigInteger)
     request_id: str | None = None
     attempt_count: int = 0
+    question_id: str | None = None
+    state: str = State.PENDING.value
+    channel: str | None = None
+    next_attempt_at: int | None = Field(default=None, sa_type=BigInteger)
+    delivered_at: int | None = Field(default=None, sa_type=BigInteger)
+    consumed_at: int | None = Field(default=None, sa_type=BigInteger)
 
 
-def _to_domain(row: NotificationRow) -> Notification:
-    return Notification(**{**row.model_dump(), "kind": Kind(row.kind)})
+class AttemptRow(SQLModel, table=True):
+    __tablename__ = "delivery_attempts"
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInteger)
+    notification_id: str
+    at: int = Field(sa_type=BigInteger)
+    outcome: str
+    http_status: int | None = None
+    error: str | None = None
+    retry_after_ms: int | None = Field(default=None, sa_type=BigInteger)
+
+
+class MessageRow(SQLModel, table=True):
+    __tablename__ = "messages"
+    message_id: str = Field(primary_key=True)
+    agent_id: str
+    session_id: str
+    role: str
+    text: str
+    response_id: str | None = None
+    notification_id: str | None = None
+    follow_up: str | None = None
+    created_at: int = Field(sa_type=BigInteger)
+    completed_at: int | None = Field(default=None, sa_type=BigInteger)
+    # Completion time when there is one: an earlier acknowledgement stays before its later answer.
+    sort_at: int = Field(sa_type=BigInteger)
+
+
+class ResponseRow(SQLModel, table=True):
+    __tablename__ = "responses"
+    agent_id: str = Field(primary_key=True)
+    session_id: str = Field(primary_key=True)
+    response_id: str = Field(primary_key=True)
+    text: str
+    final: bool
+    created_at: int = Field(sa_type=BigInteger)
+    updated_at: int = Field(sa_type=BigInteger)
+    completed_at: int | None = Field(default=None, sa_type=BigInteger)
+    last_seq: int = Field(sa_type=BigInteger)
+
+
+class ActivityRow(SQLModel, table=True):
+    __tablename__ = "activity"
+    seq: int | None = Field(default=None, primary_key=True, sa_type=BigInteger)
+    agent_id: str
+    session_id: str
+    at: int = Field(sa_type=BigInteger)
+    frame: str
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "conversation_events"
+    id: int | None = Field(default=None, primary_key=True, sa_type=BigInteger)
+    agent_id: str
+    session_id: str
+    kind: str
+    at: int = Field(sa_type=BigInteger)
+    data: str
+
+
+class CursorRow(SQLModel, table=True):
+    __tablename__ = "follow_cursors"
+    name: str = Field(primary_key=True)
+    sequence: int = Field(sa_type=BigInteger)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One activity frame: a response snapshot or a notification, with its sequence."""
+
+    seq: int
+    agent_id: str
+    session_id: str
+    snapshot: Response | None = None
+    notification: Notification | None = None
+
+    def to_json(self) -> str:
+        if self.snapshot is not None:
+            return json.dumps({"snapshot": self.snapshot.model_dump(mode="json")})
+        assert self.notification is not None
+        return json.dumps({"notification": self.notification.model_dump(mode="json", exclude={"attempts"})})
+
+    @classmethod
+    def from_row(cls, row: ActivityRow) -> Frame:
+        doc = json.loads(row.frame)
+        snapshot = Response.model_validate(doc["snapshot"]) if "snapshot" in doc else None
+        notification = Notification.model_validate(doc["notification"]) if "notification" in doc else None
+        return cls(row.seq or 0, row.agent_id, row.session_id, snapshot, notification)
+
+
+def _conversation(model: Any, agent_id: str, session_id: str) -> list[ColumnElement[bool]]:
+    return [col(model.agent_id) == agent_id, col(model.session_id) == session_id]
+
+
+def _kind(value: str) -> Kind:
+    try:
+        return Kind(value)
+    except ValueError:
+        return Kind.TASK_REPORT
+
+
+def _attempts(s: Session, notification_ids: list[str]) -> dict[str, list[Attempt]]:
+    found: dict[str, list[Attempt]] = {n: [] for n in notification_ids}
+    if not notification_ids:
+        return found
+    rows = s.exec(
+        select(AttemptRow).where(col(AttemptRow.notification_id).in_(notification_ids)).order_by(col(AttemptRow.id))
+    ).all()
+    for r in rows:
+        found[r.notification_id].append(
+            Attempt(
+                at=r.at,
+                outcome=Outcome(r.outcome),
+                http_status=r.http_status,
+                error=r.error,
+                retry_after_ms=r.retry_after_ms,
+            )
+        )
+    return found
+
+
+def _notification(row: NotificationRow, attempts: list[Attempt]) -> Notification:
+    return Notification(
+        notification_id=row.notification_id,
+        agent_id=row.agent_id,
+        session_id=row.session_id,
+        kind=_kind(row.kind),
+        task_id=row.task_id,
+        question_id=row.question_id,
+        text=row.body,
+        created_at=row.created_at,
+        state=State(row.state),
+        channel=row.channel,
+        key=row.request_id,
+        next_attempt_at=row.next_attempt_at if row.state == State.PENDING.value else None,
+        delivered_at=row.delivered_at,
+        attempts=attempts,
+    )
+
+
+def _message(row: MessageRow) -> Message:
+    return Message(
+        **{
+            **row.model_dump(exclude={"sort_at"}),
+            "follow_up": FollowUp(row.follow_up) if row.follow_up else None,
+        }
+    )
+
+
+def _response(row: ResponseRow) -> Response:
+    return Response(**row.model_dump(exclude={"last_seq"}))
+
+
+def _add_frame(s: Session, frame: Frame, at: int, keep: int) -> Frame:
+    # One writer per conversation at a time (PostgreSQL): its frames' sequences then commit in
+    # order, so resuming after a Last-Event-ID never skips a frame that committed late.
+    lock_key(s, f"activity:{frame.agent_id}:{frame.session_id}")
+    row = ActivityRow(agent_id=frame.agent_id, session_id=frame.session_id, at=at, frame=frame.to_json())
+    s.add(row)
+    s.flush()
+    # Keep the newest `keep` frames of the conversation (Last-Event-ID resume window).
+    cutoff = s.exec(
+        select(ActivityRow.seq)
+        .where(*_conversation(ActivityRow, frame.agent_id, frame.session_id))
+        .order_by(col(ActivityRow.seq).desc())
+        .offset(keep)
+        .limit(1)
+    ).first()
+    if cutoff is not None:
+        s.exec(  # type: ignore[call-overload]
+            delete(ActivityRow).where(
+                *_conversation(ActivityRow, frame.agent_id, frame.session_id), col(ActivityRow.seq) <= cutoff
+            )
+        )
+    return Frame(row.seq or 0, frame.agent_id, frame.session_id, frame.snapshot, frame.notification)
+
+
+def _page(
+    s: Session, model: Any, where: list[ColumnElement[bool]], order: list[Any], page: int, size: int
+) -> tuple[domain.Page, list[Any]]:
+    total = s.exec(select(func.count()).select_from(model).where(*where)).one()
+    shown = domain.clamp_page(page, size, total)
+    rows = s.exec(select(model).where(*where).order_by(*order).offset(shown.page * size).limit(size)).all()
+    return shown, list(rows)
 
 
 class NotifierStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, retention_frames: int = 1000) -> None:
         self.db = db
+        self.retention_frames = retention_frames
 
-    async def enqueue(self, n: Notification) -> Notification:
-        def work(s: Session) -> Notification:
-            if n.request_id:
-                existing = s.exec(
-                    select(NotificationRow).where(
-                        NotificationRow.agent_id == n.agent_id,
-                        NotificationRow.session_id == n.session_id,
-                        NotificationRow.request_id == n.request_id,
-                    )
-                ).first()
-                if existing is not None:
-                    return _to_domain(existing)
-            s.add(NotificationRow(**{**n.model_dump(), "kind": n.kind.value}))
-            return n
+    # --- notifications ---------------------------------------------------------
+
+    def _insert_notification(self, s: Session, n: Notification, message_id: str) -> tuple[Notification, Frame | None]:
+        if n.key:
+            # Two enqueues with one key (PostgreSQL, several threads) wait for each other.
+            lock_key(s, f"notification:{n.agent_id}:{n.session_id}:{n.key}")
+            existing = s.exec(
+                select(NotificationRow).where(
+                    *_conversation(NotificationRow, n.agent_id, n.session_id), NotificationRow.request_id == n.key
+                )
+            ).first()
+            if existing is not None:
+                return _notification(existing, _attempts(s, [existing.notification_id])[existing.notification_id]), None
+        if n.channel is None:
+            # No operator channel: the conversation (history + activity stream) is the delivery.
+            n = n.model_copy(update={"state": State.DELIVERED, "delivered_at": n.created_at, "next_attempt_at": None})
+        else:
+            n = n.model_copy(update={"next_attempt_at": n.created_at})
+        s.add(
+            NotificationRow(
+                notification_id=n.notification_id,
+                agent_id=n.agent_id,
+                session_id=n.session_id,
+                kind=n.kind.value,
+                task_id=n.task_id,
+                body=n.text,
+                handled=n.state == State.DELIVERED,
+                created_at=n.created_at,
+                request_id=n.key,
+                question_id=n.question_id,
+                state=n.state.value,
+                channel=n.channel,
+                next_attempt_at=n.next_attempt_at,
+                delivered_at=n.delivered_at,
+            )
+        )
+        s.add(
+            MessageRow(
+                message_id=message_id,
+                agent_id=n.agent_id,
+                session_id=n.session_id,
+                role="notification",
+                text=n.text,
+                notification_id=n.notification_id,
+                created_at=n.created_at,
+                completed_at=n.created_at,
+                sort_at=n.created_at,
+            )
+        )
+        s.flush()
+        frame = _add_frame(s, Frame(0, n.agent_id, n.session_id, notification=n), n.created_at, self.retention_frames)
+        return n, frame
+
+    async def enqueue(self, n: Notification, message_id: str) -> tuple[Notification, Frame | None]:
+        """Insert once per key, with its history message and activity frame."""
+        return await self.db.run(lambda s: self._insert_notification(s, n, message_id))
+
+    async def record_log_event(
+        self, cursor_name: str, sequence: int, n: Notification | None, message_id: str
+    ) -> tuple[Notification | None, Frame | None]:
+        """Advance the event-log cursor and create the event's notification, in one transaction."""
+
+        def work(s: Session) -> tuple[Notification | None, Frame | None]:
+            row = s.get(CursorRow, cursor_name)
+            if row is None:
+                s.add(CursorRow(name=cursor_name, sequence=sequence))
+            elif sequence > row.sequence:
+                row.sequence = sequence
+                s.add(row)
+            if n is None:
+                return None, None
+            return self._insert_notification(s, n, message_id)
 
         return await self.db.run(work)
 
-    async def list_for(self, agent_id: str, session_id: str, offset: int, limit: int) -> list[Notification]:
-        def work(s: Session) -> list[Notification]:
+    async def cursor(self, name: str) -> int:
+        def work(s: Session) -> int:
+            row = s.get(CursorRow, name)
+            return row.sequence if row else 0
+
+        return await self.db.run(work)
+
+    async def list_notifications(
+        self, agent_id: str, session_id: str, state: State | None, page: int, size: int
+    ) -> tuple[domain.Page, list[Notification]]:
+        def work(s: Session) -> tuple[domain.Page, list[Notification]]:
+            where = _conversation(NotificationRow, agent_id, session_id)
+            if state is not None:
+                where.append(col(NotificationRow.state) == state.value)
+            order = [col(NotificationRow.created_at), col(NotificationRow.notification_id)]
+            shown, rows = _page(s, NotificationRow, where, order, page, size)
+            attempts = _attempts(s, [r.notification_id for r in rows])
+            return shown, [_notification(r, attempts[r.notification_id]) for r in rows]
+
+        return await self.db.run(work)
+
+    def _get(
+        self, s: Session, agent_id: str, session_id: str, notification_id: str, for_update: bool = False
+    ) -> NotificationRow:
+        query = select(NotificationRow).where(NotificationRow.notification_id == notification_id)
+        row = s.exec(query.with_for_update() if for_update else query).first()
+        if row is None or row.agent_id != agent_id or row.session_id != session_id:
+            raise domain.NotFound("NOTIFICATION_NOT_FOUND", f"no notification {notification_id} in this session")
+        return row
+
+    async def get_notification(self, agent_id: str, session_id: str, notification_id: str) -> Notification:
+        def work(s: Session) -> Notification:
+            row = self._get(s, agent_id, session_id, notification_id)
+            return _notification(row, _attempts(s, [notification_id])[notification_id])
+
+        return await self.db.run(work)
+
+    async def stop(self, agent_id: str, session_id: str, notification_id: str) -> Notification:
+        """Pending → stopped (never retried); delivered or stopped ones stay as they are."""
+
+        def work(s: Session) -> Notification:
+            # Locked: a delivery attempt finishing meanwhile is not overwritten.
+            row = self._get(s, agent_id, session_id, notification_id, for_update=True)
+            if row.state == State.PENDING.value:
+                row.state = State.STOPPED.value
+                row.next_attempt_at = None
+                s.add(row)
+            return _notification(row, _attempts(s, [notification_id])[notification_id])
+
+        return await self.db.run(work)
+
+    # --- delivery ----------------------------------------------------------------
+
+    async def due_conversations(self, now: int, limit: int, busy: set[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Conversations with a notification due now, most overdue first.
+
+        Busy conversations are left out before the limit applies, so they never
+        take the place of others.
+        """
+
+        def work(s: Session) -> list[tuple[str, str]]:
+            due = func.min(NotificationRow.next_attempt_at)
             rows = s.exec(
+                select(NotificationRow.agent_id, NotificationRow.session_id, due)
+                .where(
+                    col(NotificationRow.state) == State.PENDING.value,
+                    col(NotificationRow.next_attempt_at) <= now,
+                )
+                .group_by(col(NotificationRow.agent_id), col(NotificationRow.session_id))
+                .order_by(due)
+                .limit(limit + len(busy))
+            ).all()
+            return [(a, sess) for a, sess, _ in rows if (a, sess) not in busy][:limit]
+
+        return await self.db.run(work)
+
+    async def next_due_at(self) -> int | None:
+        def work(s: Session) -> int | None:
+            return s.exec(
+                select(func.min(NotificationRow.next_attempt_at)).where(
+                    col(NotificationRow.state) == State.PENDING.value
+                )
+            ).one()
+
+        return await self.db.run(work)
+
+    async def due_in(self, agent_id: str, session_id: str, now: int) -> Notification | None:
+        """The conversation's oldest notification due now."""
+
+        def work(s: Session) -> Notification | None:
+            row = s.exec(
                 select(NotificationRow)
-                .where(NotificationRow.agent_id == agent_id, NotificationRow.session_id == session_id)
+                .where(
+                    *_conversation(NotificationRow, agent_id, session_id),
+                    col(NotificationRow.state) == State.PENDING.value,
+                    col(NotificationRow.next_attempt_at) <= now,
+                )
                 .order_by(col(NotificationRow.created_at), col(NotificationRow.notification_id))
-                .offset(offset)
+                .limit(1)
+            ).first()
+            if row is None:
+                return None
+            return _notification(row, _attempts(s, [row.notification_id])[row.notification_id])
+
+        return await self.db.run(work)
+
+    async def record_attempt(self, notification_id: str, attempt: Attempt, backoff: Backoff) -> Notification:
+        """Store one attempt; the next due time is derived from all stored attempts."""
+
+        def work(s: Session) -> Notification:
+            row = s.exec(
+                select(NotificationRow).where(NotificationRow.notification_id == notification_id).with_for_update()
+            ).one()
+            s.add(
+                AttemptRow(
+                    notification_id=notification_id,
+                    at=attempt.at,
+                    outcome=attempt.outcome.value,
+                    http_status=attempt.http_status,
+                    error=attempt.error,
+                    retry_after_ms=attempt.retry_after_ms,
+                )
+            )
+            s.flush()
+            attempts = _attempts(s, [notification_id])[notification_id]
+            row.attempt_count = len(attempts)
+            if attempt.outcome == Outcome.DELIVERED:
+                row.state = State.DELIVERED.value
+                row.handled = True
+                row.delivered_at = attempt.at
+                row.next_attempt_at = None
+            elif row.state == State.PENDING.value:
+                row.next_attempt_at = domain.next_attempt_at(row.created_at, attempts, backoff)
+            s.add(row)
+            return _notification(row, attempts)
+
+        return await self.db.run(work)
+
+    # --- responses and activity ------------------------------------------------
+
+    async def publish(self, snapshot: Response) -> tuple[Response, Frame]:
+        """Replace the response's snapshot; a final one becomes a history message. One transaction."""
+
+        def work(s: Session) -> tuple[Response, Frame]:
+            # Concurrent publishes of one response (PostgreSQL) apply one after the other.
+            lock_key(s, f"response:{snapshot.agent_id}:{snapshot.session_id}:{snapshot.response_id}")
+            row = s.get(ResponseRow, (snapshot.agent_id, snapshot.session_id, snapshot.response_id))
+            current = _response(row) if row else None
+            if row is not None and current is not None:
+                snapshot_created = snapshot.model_copy(update={"created_at": current.created_at})
+            else:
+                snapshot_created = snapshot
+            updated = domain.apply_snapshot(current, snapshot_created)
+            if updated.final and updated.completed_at is None:
+                updated = updated.model_copy(update={"completed_at": updated.updated_at})
+            frame = _add_frame(
+                s,
+                Frame(0, updated.agent_id, updated.session_id, snapshot=updated),
+                updated.updated_at,
+                self.retention_frames,
+            )
+            if row is None:
+                row = ResponseRow(**updated.model_dump(), last_seq=frame.seq)
+            else:
+                row.text, row.final = updated.text, updated.final
+                row.updated_at, row.completed_at, row.last_seq = updated.updated_at, updated.completed_at, frame.seq
+            s.add(row)
+            if updated.final:
+                s.add(
+                    MessageRow(
+                        message_id=f"r{frame.seq:031d}",
+                        agent_id=updated.agent_id,
+                        session_id=updated.session_id,
+                        role="assistant",
+                        text=updated.text,
+                        response_id=updated.response_id,
+                        created_at=updated.created_at,
+                        completed_at=updated.completed_at,
+                        sort_at=updated.completed_at or updated.updated_at,
+                    )
+                )
+            return updated, frame
+
+        return await self.db.run(work)
+
+    async def open_responses(self, agent_id: str, session_id: str) -> list[Frame]:
+        """The conversation's in-progress responses, as frames with their latest sequence."""
+
+        def work(s: Session) -> list[Frame]:
+            rows = s.exec(
+                select(ResponseRow)
+                .where(*_conversation(ResponseRow, agent_id, session_id), col(ResponseRow.final).is_(False))
+                .order_by(col(ResponseRow.last_seq))
+            ).all()
+            return [Frame(r.last_seq, agent_id, session_id, snapshot=_response(r)) for r in rows]
+
+        return await self.db.run(work)
+
+    async def frames_after(self, agent_id: str, session_id: str, after: int, limit: int = 10_000) -> list[Frame] | None:
+        """Every retained frame after ``after``; None when frame ``after`` is no longer retained."""
+
+        def work(s: Session) -> list[Frame] | None:
+            where = _conversation(ActivityRow, agent_id, session_id)
+            if s.exec(select(ActivityRow.seq).where(*where, col(ActivityRow.seq) == after)).first() is None:
+                return None
+            rows = s.exec(
+                select(ActivityRow)
+                .where(*where, col(ActivityRow.seq) > after)
+                .order_by(col(ActivityRow.seq))
                 .limit(limit)
             ).all()
-            return [_to_domain(r) for r in rows]
+            return [Frame.from_row(r) for r in rows]
+
+        return await self.db.run(work)
+
+    async def prune_activity(self, older_than: int) -> int:
+        def work(s: Session) -> int:
+            result = s.exec(delete(ActivityRow).where(col(ActivityRow.at) < older_than))  # type: ignore[call-overload]
+            return int(result.rowcount or 0)
+
+        return await self.db.run(work)
+
+    # --- messages and conversation events --------------------------------------
+
+    async def list_messages(
+        self, agent_id: str, session_id: str, page: int, size: int
+    ) -> tuple[domain.Page, list[Message]]:
+        def work(s: Session) -> tuple[domain.Page, list[Message]]:
+            where = _conversation(MessageRow, agent_id, session_id)
+            shown, rows = _page(s, MessageRow, where, [col(MessageRow.sort_at), col(MessageRow.message_id)], page, size)
+            return shown, [_message(r) for r in rows]
+
+        return await self.db.run(work)
+
+    async def add_user_message(self, message: Message) -> tuple[Message, list[Notification]]:
+        """Record a user message; the stopped, not yet consumed notifications are this turn's pending updates."""
+
+        def work(s: Session) -> tuple[Message, list[Notification]]:
+            s.add(MessageRow(**message.model_dump(exclude={"follow_up"}), sort_at=message.created_at))
+            rows = s.exec(
+                select(NotificationRow)
+                .where(
+                    *_conversation(NotificationRow, message.agent_id, message.session_id),
+                    col(NotificationRow.state) == State.STOPPED.value,
+                    col(NotificationRow.consumed_at).is_(None),
+                )
+                .order_by(col(NotificationRow.created_at))
+            ).all()
+            attempts = _attempts(s, [r.notification_id for r in rows])
+            updates = [_notification(r, attempts[r.notification_id]) for r in rows]
+            for r in rows:
+                r.consumed_at = message.created_at
+                s.add(r)
+            return message, updates
+
+        return await self.db.run(work)
+
+    async def add_reply(
+        self, message: Message, snapshot: Response, event: ConversationEvent | None
+    ) -> tuple[Message, Frame]:
+        """The report reply: a history message, its final snapshot frame and maybe an event, together."""
+
+        def work(s: Session) -> tuple[Message, Frame]:
+            self._get(s, message.agent_id, message.session_id, message.notification_id or "")
+            frame = _add_frame(
+                s,
+                Frame(0, message.agent_id, message.session_id, snapshot=snapshot),
+                message.created_at,
+                self.retention_frames,
+            )
+            s.add(
+                MessageRow(
+                    **message.model_dump(exclude={"follow_up"}),
+                    follow_up=message.follow_up.value if message.follow_up else None,
+                    sort_at=message.completed_at or message.created_at,
+                )
+            )
+            if event is not None:
+                s.add(
+                    EventRow(
+                        agent_id=message.agent_id,
+                        session_id=message.session_id,
+                        kind=event.kind,
+                        at=event.at,
+                        data=json.dumps(event.data),
+                    )
+                )
+            return message, frame
+
+        return await self.db.run(work)
+
+    async def list_events(
+        self, agent_id: str, session_id: str, page: int, size: int
+    ) -> tuple[domain.Page, list[ConversationEvent]]:
+        def work(s: Session) -> tuple[domain.Page, list[ConversationEvent]]:
+            where = _conversation(EventRow, agent_id, session_id)
+            shown, rows = _page(s, EventRow, where, [col(EventRow.id)], page, size)
+            return shown, [ConversationEvent(kind=r.kind, at=r.at, data=json.loads(r.data)) for r in rows]
 
         return await self.db.run(work)

@@ -114,6 +114,10 @@ class TaskPage:
     tasks: list[Task]
 
 
+# How long a log follower looks again for an id skipped in the event log.
+LOG_GAP_WAIT_MS = 10_000
+
+
 class Engine:
     def __init__(
         self,
@@ -226,6 +230,44 @@ class Engine:
 
         async for event in self._watch(accepts, active):
             yield event
+
+    async def follow_log(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[TaskEvent]:
+        """Every stored task event after ``since``, oldest first, then new ones as they commit.
+
+        Served from the durable ``task_events`` table (sequence = its id), so a
+        follower that was away resumes from its cursor; the hub only wakes the
+        reader. Ids skipped on the way (a PostgreSQL transaction that took its id
+        earlier but commits later) are looked for again for ``LOG_GAP_WAIT_MS``.
+        """
+        if since < 0:
+            raise domain.InvalidArgument("INVALID_CURSOR", "since_sequence must be 0 or more")
+        cursor = since
+        gaps: dict[int, int] = {}  # skipped id -> when first skipped
+        while True:
+            with self.hub.subscribe(lambda _t: True) as sub:
+                while not sub.overflowed:
+                    now = self.clock.now_ms()
+                    gaps = {i: at for i, at in gaps.items() if now - at < LOG_GAP_WAIT_MS}
+                    ids, events = await self.store.events_after(cursor, types, batch, gaps)
+                    fresh = [i for i in ids if i > cursor]
+                    if fresh and cursor > 0:
+                        expected = set(range(cursor + 1, fresh[-1] + 1))
+                        for missing in expected - set(fresh):
+                            gaps.setdefault(missing, now)
+                    for i in ids:
+                        gaps.pop(i, None)
+                    for stored in events:
+                        yield TaskEvent(stored.id, stored.type, stored.at, stored.task)
+                    if fresh:
+                        cursor = fresh[-1]
+                    if len(ids) >= batch:
+                        continue
+                    try:
+                        await asyncio.wait_for(sub.queue.get(), timeout=0.5 if gaps else 5.0)
+                    except TimeoutError:
+                        pass
+                    while not sub.queue.empty():
+                        sub.queue.get_nowait()
 
     async def _one(self, task_id: str) -> list[Task]:
         return [await self.store.get_task(task_id)]

@@ -10,12 +10,14 @@ from libs.worker_sdk import TOKEN_METADATA_KEY
 from services.scheduler import convert, domain
 from services.scheduler.domain import NewTask
 from services.scheduler.engine import USER_CANCELED, Engine
+from services.scheduler.events import TaskEvent
 from services.scheduler.questions import max_wait_s
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 # How long CancelTask waits for a cooperative worker before answering cancel_requested.
 CANCEL_ANSWER_WAIT_S = 1.0
+EVENT_TYPE_FROM_PB = {v: k for k, v in convert.EVENT_TYPE_TO_PB.items()}
 
 
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
@@ -79,7 +81,16 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     async def WatchTasks(
         self, request: pb.WatchTasksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchTasksResponse]:
-        if request.task_id:
+        if request.HasField("since_sequence") or request.all_sessions:
+            if not request.HasField("since_sequence"):
+                raise domain.InvalidArgument("INVALID_WATCH", "all_sessions follows the log: set since_sequence")
+            if request.task_id or (request.all_sessions and (request.agent_id or request.session_id)):
+                raise domain.InvalidArgument("INVALID_WATCH", "name a session or all_sessions, not both")
+            types = {EVENT_TYPE_FROM_PB[t] for t in request.event_types if t in EVENT_TYPE_FROM_PB}
+            events = self.engine.follow_log(request.since_sequence, types)
+            if not request.all_sessions:
+                events = self._session_only(events, request.agent_id, request.session_id)
+        elif request.task_id:
             if request.session_id or request.agent_id:
                 raise domain.InvalidArgument("INVALID_WATCH", "name either a task or a session, not both")
             events = self.engine.watch_task(request.task_id)
@@ -92,6 +103,16 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 event_time=convert.ts(event.at),
                 task=convert.task_to_pb(event.task, self._now()),
             )
+
+    @staticmethod
+    async def _session_only(
+        events: AsyncIterator[TaskEvent], agent_id: str, session_id: str
+    ) -> AsyncIterator[TaskEvent]:
+        domain.validate_id("agentId", agent_id)
+        domain.validate_id("sessionId", session_id)
+        async for event in events:
+            if event.task.agent_id == agent_id and event.task.session_id == session_id:
+                yield event
 
 
 class WorkerServicer(pb_grpc.WorkerServiceServicer):

@@ -19,6 +19,7 @@ from libs.db import Database, Migration
 from services.scheduler.domain import (
     TERMINAL,
     Attempt,
+    PendingQuestion,
     State,
     Task,
     TaskNotFound,
@@ -92,6 +93,15 @@ class StoredEvent:
     task: Task
 
 
+def _task_as_of_event(row: TaskEventRow, task: Task) -> Task:
+    """The current task with the state (and question) the event recorded."""
+    task.state = State(row.state)
+    doc = json.loads(row.doc)
+    if "pendingQuestion" in doc:
+        task.pending_question = PendingQuestion.model_validate(doc["pendingQuestion"])
+    return task
+
+
 def _task_from_row(row: TaskRow) -> Task:
     return Task.model_validate_json(row.doc)
 
@@ -118,13 +128,22 @@ def _write_task(session: Session, task: Task, row: TaskRow | None = None) -> Non
         session.add(row)
 
 
+def _event_doc(task: Task, event_type: str) -> dict[str, object]:
+    doc: dict[str, object] = {"state": task.state.value}
+    if event_type == "task.question" and task.pending_question is not None:
+        # The question as asked: by the time a log follower reads the event the
+        # task may have moved on (answered, replaced).
+        doc["pendingQuestion"] = task.pending_question.model_dump()
+    return doc
+
+
 def _append_event(session: Session, task: Task, event_type: str, at: int) -> TaskEventRow:
     event = TaskEventRow(
         task_id=task.task_id,
         type=event_type,
         at=at,
         state=task.state.value,
-        doc=json.dumps({"state": task.state.value}),
+        doc=json.dumps(_event_doc(task, event_type)),
     )
     session.add(event)
     session.flush()
@@ -256,6 +275,39 @@ class SchedulerStore:
                 _write_attempt(s, attempt)
             event = _append_event(s, after, event_type, at) if event_type else None
             return after, (StoredEvent(event.id or 0, event.type, event.at, after) if event else None)
+
+        return await self.db.run(work)
+
+    async def events_after(
+        self, sequence: int, types: Iterable[str], limit: int, recheck: Iterable[int] = ()
+    ) -> tuple[list[int], list[StoredEvent]]:
+        """Task events after ``sequence`` (and the ``recheck`` ids), oldest first.
+
+        Returns every id read (so a follower can see gaps: on PostgreSQL a lower
+        id can commit after a higher one) and the events of the wanted types,
+        each with the task as it is now but the state and question the event
+        recorded.
+        """
+        wanted = set(types)
+        again = list(recheck)
+
+        def work(s: Session) -> tuple[list[int], list[StoredEvent]]:
+            after: ColumnElement[bool] = col(TaskEventRow.id) > sequence
+            if again:
+                after = after | col(TaskEventRow.id).in_(again)
+            rows = s.exec(select(TaskEventRow).where(after).order_by(col(TaskEventRow.id)).limit(limit)).all()
+            picked = [r for r in rows if not wanted or r.type in wanted]
+            task_ids = {r.task_id for r in picked}
+            tasks = (
+                {t.task_id: t for t in s.exec(select(TaskRow).where(col(TaskRow.task_id).in_(task_ids))).all()}
+                if task_ids
+                else {}
+            )
+            events = [
+                StoredEvent(r.id or 0, r.type, r.at, _task_as_of_event(r, _task_from_row(tasks[r.task_id])))
+                for r in picked
+            ]
+            return [r.id or 0 for r in rows], events
 
         return await self.db.run(work)
 

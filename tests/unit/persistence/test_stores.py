@@ -185,7 +185,7 @@ def test_gateway_keys_are_stored_hashed_and_revocable(db_url: str) -> None:
         db.close()
 
 
-async def test_notifications_enqueue_once_per_request_id(db_url: str) -> None:
+async def test_notifications_enqueue_once_per_key(db_url: str) -> None:
     db = Database(db_url, NOTIFIER_MIGRATIONS)
     db.migrate()
     try:
@@ -194,15 +194,16 @@ async def test_notifications_enqueue_once_per_request_id(db_url: str) -> None:
             notification_id="1" * 32,
             agent_id="a",
             session_id="s",
-            kind=Kind.TASK_REPORT,
-            body="done",
+            kind=Kind.TASK_COMPLETED,
+            text="done",
             created_at=1,
-            request_id="task-1-report",
+            key="task-1:completed",
         )
-        await store.enqueue(n)
-        again = await store.enqueue(n.model_copy(update={"notification_id": "2" * 32}))
-        assert again.notification_id == "1" * 32
-        assert [x.notification_id for x in await store.list_for("a", "s", 0, 10)] == ["1" * 32]
+        await store.enqueue(n, "m" * 32)
+        again, frame = await store.enqueue(n.model_copy(update={"notification_id": "2" * 32}), "n" * 32)
+        assert again.notification_id == "1" * 32 and frame is None
+        _, listed = await store.list_notifications("a", "s", None, 0, 10)
+        assert [x.notification_id for x in listed] == ["1" * 32]
     finally:
         db.close()
 
@@ -212,7 +213,10 @@ async def test_notifications_enqueue_once_per_request_id(db_url: str) -> None:
     [
         (SCHEDULER_MIGRATIONS, ["tasks", "attempts", "task_events"]),
         (GATEWAY_MIGRATIONS, ["api_keys", "memberships"]),
-        (NOTIFIER_MIGRATIONS, ["notifications"]),
+        (
+            NOTIFIER_MIGRATIONS,
+            ["notifications", "delivery_attempts", "messages", "responses", "activity", "conversation_events"],
+        ),
     ],
 )
 def test_table_models_match_the_migrated_schema(db_url: str, migrations: list[Migration], models: list[str]) -> None:

@@ -26,8 +26,8 @@ if _version_not_supported:
 
 
 class NotifierServiceStub:
-    """NotifierService keeps the durable outbox of notifications, the
-    conversation history and the live response-text streams.
+    """NotifierService keeps the durable outbox of notifications and their delivery
+    history, the conversation history and the live response-text streams.
     """
 
     def __init__(self, channel):
@@ -46,10 +46,30 @@ class NotifierServiceStub:
                 request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListNotificationsRequest.SerializeToString,
                 response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListNotificationsResponse.FromString,
                 _registered_method=True)
+        self.StopNotification = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/StopNotification',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StopNotificationRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StopNotificationResponse.FromString,
+                _registered_method=True)
+        self.ReplyToNotification = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/ReplyToNotification',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplyToNotificationRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplyToNotificationResponse.FromString,
+                _registered_method=True)
         self.ListMessages = channel.unary_unary(
                 '/taskgate.notifier.v1.NotifierService/ListMessages',
                 request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListMessagesRequest.SerializeToString,
                 response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListMessagesResponse.FromString,
+                _registered_method=True)
+        self.CreateMessage = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/CreateMessage',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.CreateMessageRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.CreateMessageResponse.FromString,
+                _registered_method=True)
+        self.ListConversationEvents = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/ListConversationEvents',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListConversationEventsRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListConversationEventsResponse.FromString,
                 _registered_method=True)
         self.PublishResponse = channel.unary_unary(
                 '/taskgate.notifier.v1.NotifierService/PublishResponse',
@@ -61,15 +81,21 @@ class NotifierServiceStub:
                 request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityRequest.SerializeToString,
                 response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityResponse.FromString,
                 _registered_method=True)
+        self.ReplayActivity = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/ReplayActivity',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.FromString,
+                _registered_method=True)
 
 
 class NotifierServiceServicer:
-    """NotifierService keeps the durable outbox of notifications, the
-    conversation history and the live response-text streams.
+    """NotifierService keeps the durable outbox of notifications and their delivery
+    history, the conversation history and the live response-text streams.
     """
 
     def EnqueueNotification(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Internal producers (e.g. reminders); task reports come from the scheduler's event log.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -80,20 +106,57 @@ class NotifierServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StopNotification(self, request, context):
+        """Stops a pending notification: not retried; it stays for the next user turn.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplyToNotification(self, request, context):
+        """The report turn's reply, stored and streamed unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListMessages(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PublishResponse(self, request, context):
+    def CreateMessage(self, request, context):
+        """Records a user message; returns the stopped notifications this turn consumes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConversationEvents(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishResponse(self, request, context):
+        """A snapshot replaces the previous one of the same response; final closes it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StreamActivity(self, request, context):
-        """Current in-progress responses first, then every new snapshot.
+        """Current in-progress responses first (or the retained frames after
+        after_sequence), then every new snapshot and notification.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplayActivity(self, request, context):
+        """What StreamActivity would send first, at once: for an edge that shares one
+        live_only stream per conversation among many clients.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,10 +175,30 @@ def add_NotifierServiceServicer_to_server(servicer, server):
                     request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListNotificationsRequest.FromString,
                     response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListNotificationsResponse.SerializeToString,
             ),
+            'StopNotification': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopNotification,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StopNotificationRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StopNotificationResponse.SerializeToString,
+            ),
+            'ReplyToNotification': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplyToNotification,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplyToNotificationRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplyToNotificationResponse.SerializeToString,
+            ),
             'ListMessages': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMessages,
                     request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListMessagesRequest.FromString,
                     response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListMessagesResponse.SerializeToString,
+            ),
+            'CreateMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateMessage,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.CreateMessageRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.CreateMessageResponse.SerializeToString,
+            ),
+            'ListConversationEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConversationEvents,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListConversationEventsRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListConversationEventsResponse.SerializeToString,
             ),
             'PublishResponse': grpc.unary_unary_rpc_method_handler(
                     servicer.PublishResponse,
@@ -127,6 +210,11 @@ def add_NotifierServiceServicer_to_server(servicer, server):
                     request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityRequest.FromString,
                     response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityResponse.SerializeToString,
             ),
+            'ReplayActivity': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayActivity,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'taskgate.notifier.v1.NotifierService', rpc_method_handlers)
@@ -136,8 +224,8 @@ def add_NotifierServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class NotifierService:
-    """NotifierService keeps the durable outbox of notifications, the
-    conversation history and the live response-text streams.
+    """NotifierService keeps the durable outbox of notifications and their delivery
+    history, the conversation history and the live response-text streams.
     """
 
     @staticmethod
@@ -195,6 +283,60 @@ class NotifierService:
             _registered_method=True)
 
     @staticmethod
+    def StopNotification(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/StopNotification',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StopNotificationRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StopNotificationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplyToNotification(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/ReplyToNotification',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplyToNotificationRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplyToNotificationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ListMessages(request,
             target,
             options=(),
@@ -211,6 +353,60 @@ class NotifierService:
             '/taskgate.notifier.v1.NotifierService/ListMessages',
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListMessagesRequest.SerializeToString,
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/CreateMessage',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.CreateMessageRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.CreateMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConversationEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/ListConversationEvents',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListConversationEventsRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ListConversationEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -265,6 +461,33 @@ class NotifierService:
             '/taskgate.notifier.v1.NotifierService/StreamActivity',
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityRequest.SerializeToString,
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.StreamActivityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayActivity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/ReplayActivity',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.FromString,
             options,
             channel_credentials,
             insecure,

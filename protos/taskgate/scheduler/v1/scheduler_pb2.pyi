@@ -410,14 +410,20 @@ class RetryCleanupResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class WatchTasksRequest(_message.Message):
-    __slots__ = ("agent_id", "session_id", "task_id")
+    __slots__ = ("agent_id", "session_id", "task_id", "all_sessions", "since_sequence", "event_types")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ALL_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TYPES_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     session_id: str
     task_id: str
-    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
+    all_sessions: bool
+    since_sequence: int
+    event_types: _containers.RepeatedScalarFieldContainer[TaskEventType]
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., all_sessions: _Optional[bool] = ..., since_sequence: _Optional[int] = ..., event_types: _Optional[_Iterable[_Union[TaskEventType, str]]] = ...) -> None: ...
 
 class WatchTasksResponse(_message.Message):
     __slots__ = ("sequence", "type", "event_time", "task")
