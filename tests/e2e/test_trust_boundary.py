@@ -23,8 +23,8 @@ pytestmark = [
 REFUSED = {"UNAUTHENTICATED", "PERMISSION_DENIED", "UNAVAILABLE", "UNIMPLEMENTED"}
 
 
-def attack_report(stack: Stack, task_id: str, timeout_s: float = 60) -> dict[str, object]:
-    log = stack.data_dir / "logs" / task_id / "attempt-1.log"
+def attack_report(api: Api, task_id: str, timeout_s: float = 60) -> dict[str, object]:
+    log = api.stack.data_dir / "logs" / task_id / "attempt-1.log"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if log.exists():
@@ -32,7 +32,7 @@ def attack_report(stack: Stack, task_id: str, timeout_s: float = 60) -> dict[str
                 if line.startswith("ATTACKS "):
                     return json.loads(line[len("ATTACKS ") :])  # type: ignore[no-any-return]
         time.sleep(0.1)
-    raise AssertionError(f"no attack report in {log}")
+    raise AssertionError(f"no attack report in {log}: {api.get(task_id)}")
 
 
 def test_a_hostile_worker_gets_nothing_and_waits_for_a_person(stack: Stack, api: Api) -> None:
@@ -41,7 +41,7 @@ def test_a_hostile_worker_gets_nothing_and_waits_for_a_person(stack: Stack, api:
     task = api.create(
         "hostile", profile="hostile", instructions=json.dumps({"targets": targets, "victim": victim["taskId"]})
     )
-    report = attack_report(stack, task["taskId"])
+    report = attack_report(api, task["taskId"])
     assert report["uid"] == pwd.getpwnam("nobody").pw_uid
     results = report["results"]
     assert isinstance(results, list) and len(results) >= 4 * 9 * 3, "every target x method x credential was tried"
