@@ -157,6 +157,7 @@ class Launcher:
                     cgroup=Path(attempt.cgroup) if attempt.cgroup else None,
                 )
             except OSError as exc:
+                log.error("launch_failed", task_id=task_id, attempt=attempt.number, error=repr(exc))
                 rt.forget(live)
                 rt.ownership.drop(attempt)
                 attempt.state, attempt.outcome = "ended", "launch_failed"
