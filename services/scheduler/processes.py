@@ -45,6 +45,30 @@ ABANDONED = 111
 # $0 names the trampoline in `ps`; stdin is the hold pipe until the exec; the
 # shell's own PWD stays out of the worker's allow-listed environment.
 TRAMPOLINE = f'read -r go && [ "$go" = go ] || exit {ABANDONED}; unset PWD; exec "$@" </dev/null'
+# Switches to the profile's user, then execs the trampoline. It runs in the fresh,
+# single-threaded process of an exec, never between fork and exec in the scheduler:
+# asking `subprocess` for user=/group=/extra_groups= makes CPython fork() (not
+# vfork()) the multi-threaded scheduler, and gRPC's atfork handlers then run in the
+# child before its exec, where they crash it (SIGSEGV) or hang it — and a hung child
+# blocks the event loop inside Popen. -I -S: nothing is imported from the workspace
+# (the cwd) or the environment while still root.
+SWITCH_USER = (
+    "import os, sys\n"
+    "uid, gid = int(sys.argv[1]), int(sys.argv[2])\n"
+    "try:\n"
+    "    if os.geteuid() == 0:\n"
+    "        os.setgroups([])\n"
+    "    os.setresgid(gid, gid, gid)\n"
+    "    os.setresuid(uid, uid, uid)\n"
+    "    os.execv(sys.argv[3], sys.argv[3:])\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write(f'taskgate-launch: cannot run as uid {uid} gid {gid}: {exc}\\n')\n"
+    f"    os._exit({ABANDONED})\n"
+)
+
+
+class LaunchFailed(OSError):
+    """The held worker is gone before its release: nothing of the command ran."""
 
 
 @dataclass(frozen=True)
@@ -146,17 +170,13 @@ async def launch(
             os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
         finally:
             os.close(tok_w)
-        # The services run with umask 077 (private files); a worker gets the usual one.
-        extra: dict[str, object] = {"umask": 0o022}
+        held = ["/bin/sh", "-c", TRAMPOLINE, "taskgate-launch", *argv]
         if run_as is not None:
-            extra.update(user=run_as.uid, group=run_as.gid, extra_groups=[])
+            # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
+            held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
         with log_file:
             process = await asyncio.create_subprocess_exec(
-                "/bin/sh",
-                "-c",
-                TRAMPOLINE,
-                "taskgate-launch",
-                *argv,
+                *held,
                 cwd=str(cwd),
                 env={**env, TOKEN_FD_ENV: str(tok_r)},
                 stdin=go_r,
@@ -164,7 +184,7 @@ async def launch(
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,  # own session, so its own process group
                 pass_fds=(tok_r,),
-                **extra,  # type: ignore[arg-type]
+                umask=0o022,  # the services run with umask 077 (private files); a worker gets the usual one
             )
     except BaseException:
         os.close(go_w)
@@ -178,6 +198,11 @@ async def launch(
             await asyncio.to_thread(cgroups.add, cgroup, process.pid)
         # Held, so it is alive and this is the worker's identity (exec keeps it).
         launched.start_time = await asyncio.to_thread(proctree.start_time_of, process.pid)
+        if launched.start_time is None:
+            # Died while held (it could not switch users, or was killed): fail the launch now,
+            # rather than at the release with a broken pipe.
+            status = process.returncode if process.returncode is not None else "unknown"
+            raise LaunchFailed(f"the held worker exited before its release (status {status})")
     except BaseException:
         launched.abandon()
         raise
