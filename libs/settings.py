@@ -122,6 +122,10 @@ class NotifierSettings(_Frozen):
     # Activity frames kept per conversation for Last-Event-ID resume, and for how long.
     activity_retention_frames: int = Field(1000, ge=1)
     activity_retention_ms: int = Field(86_400_000, ge=1000)
+    # Base of a question reminder's cooldown: 1x, 3x, then 6x for later reminders.
+    question_reminder_ms: int = Field(600_000, ge=1)
+    # How long a snooze defers a question's reminders (one hour).
+    question_snooze_ms: int = Field(3_600_000, ge=1)
 
 
 class Settings(_Frozen):

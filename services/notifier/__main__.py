@@ -54,6 +54,8 @@ async def main() -> None:
         channel_of=lambda agent_id: settings.agent(agent_id).channel,
         session_tasks=SchedulerSessionTasks(scheduler, settings.rpc_timeout_ms / 1000),
         wake_delivery=deliverer.wake,
+        reminder_base_ms=settings.notifier.question_reminder_ms,
+        snooze_ms=settings.notifier.question_snooze_ms,
     )
     follower = EventLogFollower(scheduler, servicer, store)
     loops: list[asyncio.Task[None]] = []
