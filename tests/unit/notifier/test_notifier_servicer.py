@@ -283,9 +283,7 @@ async def say(h: Harness, n: int) -> list[pb.Notification]:
     return [n for n in page.notifications if n.kind == pb.NOTIFICATION_KIND_REMINDER]
 
 
-async def test_reminders_follow_messages_and_cooldowns_and_mute_survives_a_restart(
-    h: Harness, tmp_path: Path
-) -> None:
+async def test_reminders_follow_messages_and_cooldowns_and_mute_survives_a_restart(h: Harness, tmp_path: Path) -> None:
     clock = FakeClock()
     h.servicer.clock = clock
     h.servicer.reminder_base_ms = 1000
