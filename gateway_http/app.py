@@ -16,7 +16,7 @@ from gateway_http import errors, openapi
 from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import conversation, health, sessions, tasks
+from gateway_http.routes import conversation, health, questions, sessions, tasks
 from gateway_http.store import GatewayStore
 from libs.settings import Settings
 
@@ -62,5 +62,6 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(sessions.router)
     app.include_router(conversation.router)
+    app.include_router(questions.router)
     openapi.install(app, settings)
     return app
