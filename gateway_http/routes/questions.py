@@ -27,11 +27,13 @@ from gateway_http.store import GatewayStore
 from libs.settings import Settings
 from taskgate.notifier.v1 import notifier_pb2 as npb
 from taskgate.pending.v1 import pending_pb2 as ppb
+from taskgate.scheduler.v1 import scheduler_pb2 as spb
 
 COMMON_ERRORS = (400, 401, 403, 404, 409, 413, 429, 500, 501, 503, 504)
 router = APIRouter(
     prefix="/api/v1/agents/{agentId}/sessions/{sessionId}", tags=["questions"], responses=responses(*COMMON_ERRORS)
 )
+Metadata = tuple[tuple[str, str], ...]
 QuestionIdPath = Annotated[str, Path(pattern=UUID_HEX_REGEX, min_length=32, max_length=32, description="32 hex digits")]
 
 
@@ -53,16 +55,15 @@ def question_json(q: npb.QuestionReminders) -> dict[str, Any]:
 
 
 async def set_preference(
-    request: Request, agent_id: str, session_id: str, question_id: str, action: str
+    backends: Backends, metadata: Metadata, agent_id: str, session_id: str, question_id: str, action: str
 ) -> npb.QuestionReminders:
-    backends = _backends(request)
     call = backends.notifier.SnoozeQuestion if action == "snooze" else backends.notifier.MuteQuestion
     req_type = npb.SnoozeQuestionRequest if action == "snooze" else npb.MuteQuestionRequest
     try:
         reply = await call(
             req_type(agent_id=agent_id, session_id=session_id, question_id=question_id),
             timeout=backends.timeout_s,
-            metadata=request_metadata(request),
+            metadata=metadata,
         )
     except grpc.aio.AioRpcError as exc:
         if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
@@ -95,7 +96,9 @@ async def snooze_question(
     """Defer the question's reminders by one hour (``[notifier] question_snooze_ms``)."""
     caller.require_tool("task_answer")
     await _question_of_task(request, caller, taskId, questionId)
-    q = await set_preference(request, caller.agent_id, caller.session_id, questionId, "snooze")
+    q = await set_preference(
+        _backends(request), request_metadata(request), caller.agent_id, caller.session_id, questionId, "snooze"
+    )
     return {"question": question_json(q)}
 
 
@@ -106,7 +109,9 @@ async def mute_question(
     """Silence the reminders of this question (a later question of the task reminds again)."""
     caller.require_tool("task_answer")
     await _question_of_task(request, caller, taskId, questionId)
-    q = await set_preference(request, caller.agent_id, caller.session_id, questionId, "mute")
+    q = await set_preference(
+        _backends(request), request_metadata(request), caller.agent_id, caller.session_id, questionId, "mute"
+    )
     return {"question": question_json(q)}
 
 
@@ -145,14 +150,22 @@ async def chat_command(
         raise ApiError(403, "CHAT_NOT_BOUND", "this chat is not bound to this session")
     if not await store.member(agentId, sessionId, body.principal):
         raise ApiError(403, "NOT_A_MEMBER", f"{body.principal} is not a member of this session")
+    return await run_command(
+        _backends(request), request_metadata(request), agentId, sessionId, body.principal, body.text
+    )
+
+
+async def run_command(
+    backends: Backends, metadata: Metadata, agent_id: str, session_id: str, principal: str, text: str
+) -> dict[str, Any]:
+    """Parse and carry out one chat command for a bound chat's member (the route and the
+    Telegram adapter both call it); raises ApiError with the reason it was refused."""
     try:
-        command = parse_command(body.text)
+        command = parse_command(text)
     except NotACommand as exc:
         raise ApiError(400, exc.reason, exc.message) from exc
-    caller = Caller(key=key, agent_id=agentId, session_id=sessionId)
-    backends = _backends(request)
     if command.action in ("snooze", "mute"):
-        q = await set_preference(request, agentId, sessionId, command.question_id, command.action)
+        q = await set_preference(backends, metadata, agent_id, session_id, command.question_id, command.action)
         done = "snoozed for an hour" if command.action == "snooze" else "muted"
         return {
             "action": command.action,
@@ -161,33 +174,39 @@ async def chat_command(
         }
     try:
         found = await backends.pending.GetQuestion(
-            ppb.GetQuestionRequest(question_id=command.question_id),
-            timeout=backends.timeout_s,
-            metadata=request_metadata(request),
+            ppb.GetQuestionRequest(question_id=command.question_id), timeout=backends.timeout_s, metadata=metadata
         )
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.NOT_FOUND:
             raise ApiError(403, "QUESTION_STALE", "no such question") from exc
         raise
-    task = await owned_task(request, caller, found.question.task_id)
+    task = await session_task(backends, metadata, agent_id, session_id, found.question.task_id)
     try:
         await backends.pending.AnswerQuestion(
             ppb.AnswerQuestionRequest(
-                task_id=task.task_id,
-                question_id=command.question_id,
-                answer=command.answer,
-                answered_by=body.principal,
+                task_id=task.task_id, question_id=command.question_id, answer=command.answer, answered_by=principal
             ),
             timeout=backends.timeout_s,
-            metadata=request_metadata(request),
+            metadata=metadata,
         )
     except grpc.aio.AioRpcError as exc:
         if exc.code() == grpc.StatusCode.NOT_FOUND:
             raise ApiError(403, "QUESTION_STALE", "no such question for this task") from exc
         raise
-    snapshot = task_json(await owned_task(request, caller, task.task_id))
+    snapshot = task_json(await session_task(backends, metadata, agent_id, session_id, task.task_id))
     return {
         "action": "answer",
         "reply": f'Answer saved for task "{task.title}"; the worker gets it when it resumes.',
         "task": snapshot,
     }
+
+
+async def session_task(
+    backends: Backends, metadata: Metadata, agent_id: str, session_id: str, task_id: str
+) -> spb.Task:
+    reply = await backends.scheduler.GetTask(
+        spb.GetTaskRequest(task_id=task_id), timeout=backends.timeout_s, metadata=metadata
+    )
+    if reply.task.agent_id != agent_id or reply.task.session_id != session_id:
+        raise ApiError(403, "TASK_ACCESS_DENIED", "the task does not belong to this session")
+    return reply.task

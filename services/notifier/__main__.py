@@ -46,7 +46,7 @@ async def main() -> None:
     scheduler_channel = aio_channel(settings.scheduler_addr, ClientSecurity.for_identity(settings, "notifier"))
     scheduler = scheduler_pb2_grpc.SchedulerServiceStub(scheduler_channel)
     http = httpx.AsyncClient(follow_redirects=False)
-    deliverer = Deliverer(store, settings.notifier, dict(settings.channels), clock, http)
+    deliverer = Deliverer(store, settings.notifier, dict(settings.channels), clock, http, settings.http_addr)
     servicer = NotifierServicer(
         store,
         ActivityHub(),
