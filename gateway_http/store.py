@@ -234,3 +234,16 @@ class GatewayStore:
     async def binding(self, channel: str, chat_id: str, thread_id: str) -> tuple[str, str] | None:
         """The (agent, session) a chat or thread is bound to."""
         return await self.db.run(lambda s: self.find_binding(s, channel, chat_id, thread_id))
+
+    async def chats_of(self, channel: str, agent_id: str, session_id: str) -> list[tuple[str, str]]:
+        """The (chat, thread) pairs of a channel bound to the session."""
+
+        def work(s: Session) -> list[tuple[str, str]]:
+            rows = s.exec(
+                select(BindingRow).where(
+                    BindingRow.channel == channel, BindingRow.agent_id == agent_id, BindingRow.session_id == session_id
+                )
+            ).all()
+            return [(r.chat_id, r.thread_id) for r in rows]
+
+        return await self.db.run(work)
