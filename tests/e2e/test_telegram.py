@@ -126,7 +126,7 @@ def open_menu(env: Env) -> int:
     assert menu.params["text"].startswith(f"Tasks of {SESSION}") and "Dismiss" in json.dumps(
         menu.params["reply_markup"]
     )
-    return int(env.bot.messages and max(m for (c, m) in env.bot.messages if c == CHAT))
+    return max(m for (c, m) in env.bot.messages if c == CHAT)  # the menu: the newest message of the chat
 
 
 def quiet_edits(env: Env, message_id: int, periods: int = 6) -> int:
