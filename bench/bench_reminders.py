@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from libs.db import Database  # noqa: E402
 from services.notifier import domain  # noqa: E402
 from services.notifier.domain import Kind, Message, Notification  # noqa: E402
-from services.notifier.store import MIGRATIONS, NotifierStore, QuestionFact, QuestionRow  # noqa: E402
+from services.notifier.store import MIGRATIONS, NotifierStore, QuestionFact, ReminderRow  # noqa: E402
 
 MESSAGES = 300
 
 
-def reminder(q: QuestionRow, count: int) -> Notification:
+def reminder(q: ReminderRow, count: int) -> Notification:
     return Notification(
         notification_id=uuid.uuid4().hex,
         agent_id=q.agent_id,

@@ -16,7 +16,7 @@ from libs import errors
 from services.notifier import convert, domain
 from services.notifier.activity import ActivityHub
 from services.notifier.domain import ConversationEvent, FollowUp, Message, Notification, Response, SessionTask
-from services.notifier.store import Frame, NotifierStore, QuestionRow, QuestionView
+from services.notifier.store import Frame, NotifierStore, ReminderRow, QuestionView
 from taskgate.notifier.v1 import notifier_pb2 as pb
 from taskgate.notifier.v1 import notifier_pb2_grpc as pb_grpc
 
@@ -243,7 +243,7 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
             message=convert.message_to_pb(stored), pending_updates=[convert.notification_to_pb(n) for n in updates]
         )
 
-    def _reminder_for(self, q: QuestionRow, count: int) -> Notification:
+    def _reminder_for(self, q: ReminderRow, count: int) -> Notification:
         """The reminder notification of a question (built inside the message's transaction)."""
         return Notification(
             notification_id=new_id(),

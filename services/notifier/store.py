@@ -94,14 +94,15 @@ MIGRATIONS = [
         3,
         "task questions with their reminder state and preferences",
         [
-            "CREATE TABLE questions ("
+            # Named apart from the pending-registry's `questions` (one SQLModel metadata per process).
+            "CREATE TABLE question_reminders ("
             " question_id VARCHAR(32) PRIMARY KEY, agent_id VARCHAR(128) NOT NULL,"
             " session_id VARCHAR(128) NOT NULL, task_id VARCHAR(128) NOT NULL, title TEXT NOT NULL,"
             " text TEXT NOT NULL, state VARCHAR(16) NOT NULL, asked_at BIGINT NOT NULL,"
             " messages_since INTEGER NOT NULL, reminders_sent INTEGER NOT NULL,"
             " last_reminded_at BIGINT, snoozed_until BIGINT, muted BOOLEAN NOT NULL)",
-            "CREATE INDEX ix_questions_open ON questions (agent_id, session_id, state)",
-            "CREATE INDEX ix_questions_task ON questions (task_id, state)",
+            "CREATE INDEX ix_question_reminders_open ON question_reminders (agent_id, session_id, state)",
+            "CREATE INDEX ix_question_reminders_task ON question_reminders (task_id, state)",
         ],
     ),
 ]
@@ -186,8 +187,8 @@ class EventRow(SQLModel, table=True):
     data: str
 
 
-class QuestionRow(SQLModel, table=True):
-    __tablename__ = "questions"
+class ReminderRow(SQLModel, table=True):
+    __tablename__ = "question_reminders"
     question_id: str = Field(primary_key=True)
     agent_id: str
     session_id: str
@@ -245,7 +246,7 @@ class QuestionView:
     reminders_sent: int
 
 
-def _question_view(row: QuestionRow) -> QuestionView:
+def _question_view(row: ReminderRow) -> QuestionView:
     return QuestionView(
         row.question_id, row.task_id, QuestionState(row.state), row.snoozed_until, row.muted, row.reminders_sent
     )
@@ -481,24 +482,24 @@ class NotifierStore:
     # --- questions and reminders -------------------------------------------------
 
     @staticmethod
-    def _open_questions_of_task(s: Session, task_id: str) -> list[QuestionRow]:
+    def _open_questions_of_task(s: Session, task_id: str) -> list[ReminderRow]:
         return list(
             s.exec(
-                select(QuestionRow).where(
-                    QuestionRow.task_id == task_id, col(QuestionRow.state) == QuestionState.OPEN.value
+                select(ReminderRow).where(
+                    ReminderRow.task_id == task_id, col(ReminderRow.state) == QuestionState.OPEN.value
                 )
             ).all()
         )
 
     def _track_question(self, s: Session, q: QuestionFact, n: Notification | None) -> Notification | None:
-        if s.get(QuestionRow, q.question_id) is not None:
+        if s.get(ReminderRow, q.question_id) is not None:
             return n  # a replayed event: the notification's key makes it a no-op too
         replaced = [r for r in self._open_questions_of_task(s, q.task_id) if r.question_id != q.question_id]
         for r in replaced:
             r.state = QuestionState.REPLACED.value
             s.add(r)
         s.add(
-            QuestionRow(
+            ReminderRow(
                 question_id=q.question_id,
                 agent_id=q.agent_id,
                 session_id=q.session_id,
@@ -517,12 +518,12 @@ class NotifierStore:
     def _user_message_reminders(self, s: Session, message: Message, base_ms: int, make: Any) -> list[Frame]:
         """Count the message for each open question of the conversation; remind those now due."""
         rows = s.exec(
-            select(QuestionRow)
+            select(ReminderRow)
             .where(
-                *_conversation(QuestionRow, message.agent_id, message.session_id),
-                col(QuestionRow.state) == QuestionState.OPEN.value,
+                *_conversation(ReminderRow, message.agent_id, message.session_id),
+                col(ReminderRow.state) == QuestionState.OPEN.value,
             )
-            .order_by(col(QuestionRow.asked_at))
+            .order_by(col(ReminderRow.asked_at))
             .with_for_update()
         ).all()
         frames: list[Frame] = []
@@ -543,7 +544,7 @@ class NotifierStore:
         """Snooze (defer reminders) or mute (silence) one question of the conversation."""
 
         def work(s: Session) -> QuestionView:
-            row = s.exec(select(QuestionRow).where(QuestionRow.question_id == question_id).with_for_update()).first()
+            row = s.exec(select(ReminderRow).where(ReminderRow.question_id == question_id).with_for_update()).first()
             if row is None or row.agent_id != agent_id or row.session_id != session_id:
                 raise domain.NotFound("QUESTION_NOT_FOUND", f"no question {question_id} in this session")
             if row.state != QuestionState.OPEN.value:
@@ -557,7 +558,7 @@ class NotifierStore:
 
     async def get_question(self, question_id: str) -> QuestionView | None:
         def work(s: Session) -> QuestionView | None:
-            row = s.get(QuestionRow, question_id)
+            row = s.get(ReminderRow, question_id)
             return _question_view(row) if row else None
 
         return await self.db.run(work)
