@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -74,9 +75,11 @@ class StopSignal:
         return stop
 
     def _received(self, sig: signal.Signals) -> None:
-        if not self._event.is_set():
-            get_logger("startup").info("stop_signal_received", signal=sig.name)
-        self._event.set()
+        first = not self._event.is_set()
+        self._event.set()  # before logging: a stop must work even when stdout is gone (EPIPE)
+        if first:
+            with contextlib.suppress(OSError):
+                get_logger("startup").info("stop_signal_received", signal=sig.name)
 
     @property
     def requested(self) -> bool:

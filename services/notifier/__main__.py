@@ -9,6 +9,7 @@ import os
 import httpx
 import structlog
 
+from libs.clock import SystemClock
 from libs.db import Database
 from libs.grpc_client import ClientSecurity, aio_channel
 from libs.grpc_server import serve
@@ -17,7 +18,7 @@ from libs.startup import StopSignal, boot, migrate
 from services.notifier.activity import ActivityHub
 from services.notifier.delivery import Deliverer
 from services.notifier.scheduler_link import EventLogFollower, SchedulerSessionTasks
-from services.notifier.servicer import NotifierServicer, SystemClock
+from services.notifier.servicer import NotifierServicer
 from services.notifier.store import MIGRATIONS, NotifierStore
 from taskgate.notifier.v1 import notifier_pb2, notifier_pb2_grpc
 from taskgate.scheduler.v1 import scheduler_pb2_grpc

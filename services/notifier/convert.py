@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
+from libs.timestamps import ts
 from services.notifier.domain import (
     Attempt,
     ConversationEvent,
@@ -41,14 +40,6 @@ FOLLOW_UP_TO_PB = {
     FollowUp.NONE: pb.FOLLOW_UP_NONE,
 }
 FOLLOW_UP_FROM_PB = {v: k for k, v in FOLLOW_UP_TO_PB.items()}
-
-
-def ts(ms: int | None) -> Timestamp | None:
-    if ms is None:
-        return None
-    out = Timestamp()
-    out.FromMilliseconds(ms)
-    return out
 
 
 def attempt_to_pb(a: Attempt) -> pb.DeliveryAttempt:

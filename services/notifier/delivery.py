@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 import httpx
 import structlog
 
+from libs.clock import Clock
 from libs.settings import ChannelConfig, NotifierSettings
 from services.notifier import domain
 from services.notifier.domain import Backoff, Notification
-from services.notifier.servicer import Clock
 from services.notifier.store import NotifierStore
 
 log = structlog.get_logger("notifier.delivery")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
@@ -13,25 +12,17 @@ import grpc
 import structlog
 
 from libs import errors
+from libs.clock import Clock, SystemClock
 from services.notifier import convert, domain
 from services.notifier.activity import ActivityHub
 from services.notifier.domain import ConversationEvent, FollowUp, Message, Notification, Response, SessionTask
-from services.notifier.store import Frame, NotifierStore, ReminderRow, QuestionView
+from services.notifier.store import Frame, NotifierStore, QuestionView, ReminderRow
 from taskgate.notifier.v1 import notifier_pb2 as pb
 from taskgate.notifier.v1 import notifier_pb2_grpc as pb_grpc
 
 log = structlog.get_logger("notifier")
 
 UUID_HEX = re.compile(r"[0-9a-f]{32}")
-
-
-class Clock(Protocol):
-    def now_ms(self) -> int: ...
-
-
-class SystemClock:
-    def now_ms(self) -> int:
-        return int(time.time() * 1000)
 
 
 class SessionTasks(Protocol):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from google.protobuf.duration_pb2 import Duration
-from google.protobuf.timestamp_pb2 import Timestamp
 
+from libs.timestamps import ts
 from services.pending_registry.domain import (
     Entry,
     EntryEvent,
@@ -44,14 +44,6 @@ REASON_TO_PB = {
     RemovalReason.CANCELED: pb.REMOVAL_REASON_CANCELED,
     RemovalReason.SHUTDOWN: pb.REMOVAL_REASON_SHUTDOWN,
 }
-
-
-def ts(ms: int | None) -> Timestamp | None:
-    if ms is None:
-        return None
-    stamp = Timestamp()
-    stamp.FromMilliseconds(ms)
-    return stamp
 
 
 def wait_from_pb(wait: Duration) -> float:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
+from libs.timestamps import ts
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, State, Task, ToolEvent
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
@@ -29,14 +28,6 @@ EVENT_TYPE_TO_PB = {
     "task.execution": pb.TASK_EVENT_TYPE_EXECUTION,
     "task.question": pb.TASK_EVENT_TYPE_QUESTION,
 }
-
-
-def ts(ms: int | None) -> Timestamp | None:
-    if ms is None:
-        return None
-    stamp = Timestamp()
-    stamp.FromMilliseconds(ms)
-    return stamp
 
 
 def tool_to_pb(event: ToolEvent) -> pb.ToolEvent:

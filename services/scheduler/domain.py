@@ -514,3 +514,269 @@ def describe_exit(returncode: int) -> tuple[State, Failure | None]:
     except ValueError:
         name = f"signal {-returncode}"
     return State.FAILED, Failure(code=FailureCode.WORKER_KILLED, message=f"worker was killed by {name}")
+
+
+# --- transitions the engine applies inside one store transaction -------------
+#
+# Each takes the task as read in that transaction and the time from the injected
+# clock; it either changes the task and returns True (the change is committed with
+# an event) or returns False (nothing to do, nothing committed).
+
+USER_CANCELED = "user_canceled"
+
+# Why the supervisor stops an attempt, by its verdict.
+STOP_REASONS: dict[Verdict, str] = {
+    Verdict.STOP_STALLED: "stalled",
+    Verdict.STOP_MAX_DURATION: "max_duration",
+    Verdict.STOP_NO_FIRST_REPORT: "no_first_report",
+    Verdict.ACCEPT_BACKGROUND: "background",
+}
+
+
+def start_running(task: Task, started_at: int, now: int, harness: str | None, harness_model: str | None) -> Task:
+    """A launched attempt's task runs; a resumed task's interruption failure is cleared."""
+    task.state = State.RUNNING
+    task.first_started_at = task.first_started_at or started_at
+    task.started_at = started_at
+    task.updated_at = now
+    task.inspection = None
+    task.harness, task.harness_model = harness, harness_model
+    if task.restart_resume is not None and task.restart_resume.pending:
+        task.restart_resume.pending = False
+        task.failure = None
+    return task
+
+
+def mark_for_inspection(task: Task, reason: str, now: int) -> bool:
+    """Idle work is flagged for a person to look at, once; it is never a termination."""
+    if task.state not in (State.RUNNING, State.WAITING_INPUT) or task.inspection is not None:
+        return False
+    task.inspection = Inspection(reason=reason, since=now)
+    return True
+
+
+def finish(
+    task: Task,
+    state: State,
+    now: int,
+    failure: Failure | None = None,
+    result: Result | None = None,
+    only_from: tuple[State, ...] | None = None,
+) -> bool:
+    """End a task unless it already ended (or is no longer in one of ``only_from``)."""
+    if task.terminal or (only_from is not None and task.state not in only_from):
+        return False
+    end_task(task, state, now, failure=failure, result=result)
+    return True
+
+
+def exit_result(state: State, reported: Result | None) -> Result | None:
+    """A worker that exited 0 completes with the result it reported (or an empty one)."""
+    if state != State.COMPLETED:
+        return None
+    return Result(text=reported.text if reported else "")
+
+
+def stop_outcome(why: str, task: Task, message: str) -> PendingOutcome:
+    """Where a stop taskgate made leads once the tree is proven gone.
+
+    ``why``: cancel | stalled | max_duration | no_first_report | background | shutdown.
+    """
+    if why == "cancel":
+        return PendingOutcome(state=State.CANCELLED)
+    if why == "background":
+        text = task.result.text if task.result else ""
+        return PendingOutcome(state=State.COMPLETED, result=Result(text=text, unresolved_background=True))
+    if why == "shutdown":
+        return PendingOutcome(
+            state=State.QUEUED, failure=Failure(code=FailureCode.GATEWAY_SHUTDOWN, message=message, retryable=True)
+        )
+    code = {
+        "stalled": FailureCode.PROGRESS_STALLED,
+        "max_duration": FailureCode.MAX_DURATION_EXCEEDED,
+        "no_first_report": FailureCode.FIRST_REPORT_TIMEOUT,
+    }[why]
+    return PendingOutcome(state=State.FAILED, failure=Failure(code=code, message=message))
+
+
+def settle(task: Task, outcome: PendingOutcome, now: int) -> bool:
+    """A proven stop: the pending outcome happens (a re-queue counts as a resume)."""
+    if task.terminal:
+        return False
+    if outcome.state == State.QUEUED:
+        assert outcome.failure is not None
+        resume_after_interruption(task, now, outcome.failure.message)
+    else:
+        end_task(task, outcome.state, now, failure=outcome.failure, result=outcome.result)
+    return True
+
+
+def mark_unconfirmed(task: Task, outcome: PendingOutcome, detail: str, now: int) -> bool:
+    """A stop that could not be proven: the task waits in needs_reconciliation with its outcome."""
+    if task.terminal:
+        return False
+    task.state = State.NEEDS_RECONCILIATION
+    task.updated_at = now
+    task.pending_outcome = outcome
+    task.failure = Failure(
+        code=FailureCode.CLEANUP_UNCONFIRMED,
+        message=f"cannot confirm the worker stopped: {detail}",
+        retryable=True,
+    )
+    if task.cancellation is not None:
+        task.cancellation.cleanup = "unconfirmed"
+    return True
+
+
+def interrupted_outcome() -> PendingOutcome:
+    """A task an earlier incarnation left running is re-queued once its worker is proven gone."""
+    failure = Failure(code=FailureCode.GATEWAY_SHUTDOWN, message="the scheduler restarted", retryable=True)
+    return PendingOutcome(state=State.QUEUED, failure=failure)
+
+
+def recovery_outcome(task: Task) -> PendingOutcome:
+    """What start-up recovery settles a left-over task to: a cancel in flight still cancels."""
+    if task.state == State.CANCEL_REQUESTED or task.cancellation:
+        return PendingOutcome(state=State.CANCELLED)
+    return interrupted_outcome()
+
+
+def start_recovering(task: Task, now: int) -> Task:
+    task.state = State.RECOVERING
+    task.updated_at = now
+    return task
+
+
+def validate_cause(cause: str) -> str:
+    cause = cause or USER_CANCELED
+    if not ID_PATTERN.match(cause):
+        raise InvalidArgument("INVALID_CAUSE", "cause must be a short identifier", field="cause")
+    return cause
+
+
+def cancel_is_noop(task: Task) -> bool:
+    """A finished task, or one whose stop is already under way, is returned unchanged."""
+    return task.terminal or task.state in (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION, State.RECOVERING)
+
+
+def cancel_at_once(task: Task, cancellation: Cancellation, now: int) -> Task:
+    """Nothing runs (queued, never launched): nothing to prove, the task is cancelled."""
+    task.cancellation = cancellation
+    return end_task(task, State.CANCELLED, now)
+
+
+def request_cancel(task: Task, cancellation: Cancellation, now: int) -> Task:
+    task.state = State.CANCEL_REQUESTED
+    task.cancellation = cancellation
+    task.updated_at = now
+    return task
+
+
+def closes_questions(task: Task) -> bool:
+    """A finished task's open question is closed, unless the cancel only paused the task."""
+    paused = task.cancellation is not None and task.cancellation.cause != USER_CANCELED
+    return task.terminal and not (task.state == State.CANCELLED and paused)
+
+
+# --- worker reports and questions ------------------------------------------
+
+
+def accepts_reports(task: Task, attempt_state: str | None) -> bool:
+    """Reports are taken while the task runs, and from a worker whose launch is still committing."""
+    launching = task.state == State.QUEUED and attempt_state == "launching"
+    return launching or task.state in (State.RUNNING, State.WAITING_INPUT)
+
+
+def check_reporting(task: Task, attempt_state: str | None) -> None:
+    if not accepts_reports(task, attempt_state):
+        raise InvalidTransition("TASK_NOT_RUNNING", f"the task is {task.state}; report ignored")
+
+
+def clamp_progress(text: str) -> str:
+    return clamp_utf8(text, MAX_PROGRESS_CHARS * 4)[:MAX_PROGRESS_CHARS]
+
+
+def apply_progress(task: Task, text: str, now: int) -> None:
+    task.progress = Progress(text=text, updated_at=now)
+    task.last_activity_at = now
+    task.inspection = None
+
+
+def validate_tool(name: str, status: str) -> None:
+    if not name or len(name) > MAX_TOOL_NAME_CHARS:
+        raise InvalidArgument("INVALID_TOOL", "tool name must be 1-200 characters", field="name")
+    if status not in ("returned", "error"):
+        raise InvalidArgument("INVALID_TOOL_STATUS", "status must be returned or error", field="status")
+
+
+def apply_tool(task: Task, event: ToolEvent, keep: int) -> None:
+    task.last_tool = event
+    task.recent_tools = [*task.recent_tools, event][-keep:]
+    task.last_activity_at = event.at
+    task.updated_at = event.at  # persisted tool activity counts as an update
+    task.inspection = None
+
+
+def validate_paths(paths: list[str]) -> None:
+    for path in paths:
+        if not path or len(path) > MAX_PATH_CHARS or "\x00" in path:
+            raise InvalidArgument("INVALID_PATH", "paths must be 1-4096 characters", field="paths")
+
+
+def apply_touched(task: Task, paths: list[str], keep: int) -> None:
+    merged = list(dict.fromkeys([*task.observed_paths, *paths]))
+    task.observed_paths = merged[-keep:]
+
+
+def validate_usage(usage: Usage) -> None:
+    for value in (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens):
+        if value is not None and value < 0:
+            raise InvalidArgument("INVALID_USAGE", "token counters must be 0 or more", field="usage")
+
+
+def validate_result(text: str) -> None:
+    if len(text.encode()) > MAX_RESULT_BYTES:
+        raise InvalidArgument("FIELD_TOO_LONG", "result exceeds 256 KiB", field="text")
+
+
+def apply_result(task: Task, text: str, unresolved_background: bool, now: int) -> None:
+    task.result = Result(text=text, unresolved_background=unresolved_background)
+    task.result_reported_at = now
+    task.last_activity_at = now
+
+
+def validate_question(text: str) -> None:
+    if not text.strip() or len(text.encode()) > MAX_QUESTION_BYTES:
+        raise InvalidArgument("INVALID_QUESTION", "a question is 1 byte to 64 KiB of text", field="text")
+
+
+def check_can_ask(task: Task) -> None:
+    if task.state not in (State.RUNNING, State.WAITING_INPUT):
+        raise InvalidTransition("TASK_NOT_RUNNING", f"the task is {task.state}; question refused")
+
+
+def wait_for_input(task: Task, question: PendingQuestion, now: int) -> Task:
+    check_can_ask(task)
+    task.state = State.WAITING_INPUT
+    task.pending_question = question
+    task.inspection = None
+    task.last_activity_at = now
+    task.updated_at = now
+    return task
+
+
+def check_current_question(task: Task, question_id: str) -> None:
+    if task.pending_question is None or task.pending_question.question_id != question_id:
+        raise WorkerDenied("QUESTION_STALE", "this is not the task's current question")
+
+
+def answer_delivered(task: Task, question_id: str, now: int) -> bool:
+    """The worker has its answer: the question is done and a waiting task runs again."""
+    if task.pending_question is None or task.pending_question.question_id != question_id:
+        return False
+    task.pending_question = None
+    task.last_activity_at = now
+    task.updated_at = now
+    if task.state == State.WAITING_INPUT:
+        task.state = State.RUNNING
+    return True

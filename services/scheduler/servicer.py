@@ -8,8 +8,8 @@ import grpc
 
 from libs.worker_sdk import TOKEN_METADATA_KEY
 from services.scheduler import convert, domain
-from services.scheduler.domain import NewTask
-from services.scheduler.engine import USER_CANCELED, Engine
+from services.scheduler.domain import USER_CANCELED, NewTask
+from services.scheduler.engine import Engine
 from services.scheduler.events import TaskEvent
 from services.scheduler.questions import max_wait_s
 from taskgate.scheduler.v1 import scheduler_pb2 as pb

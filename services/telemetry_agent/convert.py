@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
+from libs.timestamps import ts
 from services.telemetry_agent.domain import Member, Observation, WatchEntry
 from taskgate.telemetry.v1 import telemetry_pb2 as pb
-
-
-def ts(ms: int) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromMilliseconds(ms)
-    return stamp
 
 
 def identity_to_pb(member: Member) -> pb.ProcessIdentity:

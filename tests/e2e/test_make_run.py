@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.support.procs import REPO
+from libs.internal_auth import ensure_secrets
+from tests.support.procs import REPO, wait_grpc_serving
 from tests.support.stack import make_stack
 
 
@@ -44,6 +45,20 @@ def wait_until_up(proc: subprocess.Popen[str], url: str) -> list[str]:
     raise AssertionError("not up within 60 s")
 
 
+def kill_tree(proc: subprocess.Popen[str]) -> None:
+    """A failed test must not leave devrun's services running (they would outlive it)."""
+    if proc.poll() is not None:
+        return
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.kill()
+    proc.wait()
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def service_children(proc: subprocess.Popen[str]) -> list[psutil.Process]:
     return psutil.Process(proc.pid).children()
 
@@ -60,8 +75,7 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        kill_tree(proc)
 
 
 def _is_notifier(process: psutil.Process) -> bool:
@@ -107,5 +121,30 @@ def test_a_dead_child_is_restarted_and_one_that_keeps_dying_fails_it(tmp_path: P
         _, alive = psutil.wait_procs(others, timeout=10)
         assert not alive, "the other services were stopped too"
     finally:
+        kill_tree(proc)
+
+
+def test_a_service_whose_output_is_gone_still_stops_on_sigterm(tmp_path: Path) -> None:
+    """Its supervisor died (stdout is a pipe nobody reads): SIGTERM must still stop it."""
+    stack = make_stack(tmp_path)
+    env = {**os.environ, **stack.env, "TASKGATE_LOG_FORMAT": "json"}
+    ensure_secrets(tmp_path / "secrets")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.telemetry_agent"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline(), "the service said nothing"
+        wait_grpc_serving(stack.addr("telemetry"), proc=proc)
+        proc.stdout.close()  # as when the supervisor is killed
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+            raise AssertionError("the service ignored SIGTERM once its output was gone")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +34,41 @@ def client_security(env: Mapping[str, str], identity: str = "operator") -> Clien
 def channel(addr: str, env: Mapping[str, str], identity: str = "operator") -> grpc.Channel:
     """A sync channel to a service started with ``env``, calling as ``identity``."""
     return sync_channel(addr, client_security(env, identity))
+
+
+def as_nobody_command(script: Path) -> list[str] | None:
+    """A command line the user ``nobody`` can run for ``script``, with this venv's packages; None
+    where the tests cannot switch users (not root, no ``nobody``, no interpreter it may run).
+
+    The venv's interpreter may live where ``nobody`` cannot go (here: under /root); a system
+    interpreter of the same version loads the venv's site-packages.
+    """
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        return None
+    if os.geteuid() != 0:
+        return None
+    site_dir = sysconfig.get_paths()["purelib"]
+    boot = f"import site, runpy; site.addsitedir({site_dir!r}); runpy.run_path({str(script)!r}, run_name='__main__')"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (sys.executable, shutil.which(version, path="/usr/bin:/usr/local/bin")):
+        if candidate is None:
+            continue
+        try:
+            probe = subprocess.run(
+                [candidate, "-c", "import sys; print(sys.version_info[:2])"],
+                user="nobody",
+                capture_output=True,
+                text=True,
+                check=False,
+                cwd="/",
+            )
+        except OSError:
+            continue
+        if probe.returncode == 0 and probe.stdout.strip() == str(tuple(sys.version_info[:2])):
+            return [candidate, "-c", boot]
+    return None
 
 
 def free_port() -> int:

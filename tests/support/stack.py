@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -12,9 +13,10 @@ from typing import Any
 import grpc
 import httpx
 
-from tests.support.procs import REPO, ServiceProcess, channel, free_port
+from tests.support.procs import REPO, ServiceProcess, as_nobody_command, channel, free_port
 
 BEHAVE = REPO / "tests" / "workers" / "behave.py"
+HOSTILE = REPO / "tests" / "workers" / "hostile.py"
 
 TEST_CONFIG = """
 [tasks]
@@ -34,6 +36,9 @@ command = ["python", "-m", "examples.workers.demo"]
 [workers.behave]
 command = ["python", "{behave}"]
 uses_sdk = true
+
+[workers.hostile]
+{hostile_profile}
 
 [workers.exit-at-once]
 command = ["python", "-c", "pass"]
@@ -107,6 +112,14 @@ class Stack:
         return "\n".join(f"--- {n}\n{p.logs()[-4000:]}" for n, p in self.procs.items())
 
 
+def hostile_profile() -> str:
+    """The hostile worker runs as ``nobody`` where the tests can switch users (the isolated mode)."""
+    command = as_nobody_command(HOSTILE)
+    if command is None:
+        return f'command = ["python", "{HOSTILE}"]'
+    return f'command = {json.dumps(command)}\nuser = "nobody"'
+
+
 def make_stack(data_dir: Path, **tasks: int) -> Stack:
     settings = {
         "max_running": 4,
@@ -119,7 +132,7 @@ def make_stack(data_dir: Path, **tasks: int) -> Stack:
     }
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "taskgate.toml"
-    config.write_text(TEST_CONFIG.format(behave=BEHAVE, **settings))
+    config.write_text(TEST_CONFIG.format(behave=BEHAVE, hostile_profile=hostile_profile(), **settings))
     http_port = free_port()
     env = {
         "TASKGATE_CONFIG": str(config),

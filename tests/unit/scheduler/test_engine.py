@@ -250,7 +250,7 @@ async def test_restart_recovery_stops_the_old_worker_and_resumes(tmp_path: Path)
     _, attempts = await first.engine.get_task(task.task_id)
     old_pgid = attempts[-1].pgid or -1
     # A crash: the first incarnation vanishes without shutting down its workers.
-    for pending in list(first.engine._background):
+    for pending in list(first.engine.runtime.background):
         pending.cancel()
     await first.host.server.stop(0)
     await first.worker_server.stop(0)

@@ -10,11 +10,7 @@ import asyncio
 import json
 import os
 import pwd
-import shutil
 import stat
-import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,6 +21,7 @@ import pytest
 from libs.settings import WorkerProfile
 from services.scheduler.domain import State
 from services.scheduler.worker_api import WorkerSockets
+from tests.support.procs import as_nobody_command
 from tests.support.stack import BEHAVE
 from tests.unit.scheduler.test_engine import Harness, running, start_harness
 
@@ -40,37 +37,7 @@ def has_nobody() -> bool:
     return os.geteuid() == 0
 
 
-def behave_as_nobody() -> list[str] | None:
-    """A command line `nobody` can run for the scripted worker, with this venv's packages.
-
-    The venv's interpreter may live where `nobody` cannot go (here: under /root);
-    a system interpreter of the same version loads the venv's site-packages.
-    """
-    if not has_nobody():
-        return None
-    site_dir = sysconfig.get_paths()["purelib"]
-    boot = f"import site, runpy; site.addsitedir({site_dir!r}); runpy.run_path({str(BEHAVE)!r}, run_name='__main__')"
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (sys.executable, shutil.which(version, path="/usr/bin:/usr/local/bin")):
-        if candidate is None:
-            continue
-        try:
-            probe = subprocess.run(
-                [candidate, "-c", "import sys; print(sys.version_info[:2])"],
-                user="nobody",
-                capture_output=True,
-                text=True,
-                check=False,
-                cwd="/",
-            )
-        except OSError:
-            continue
-        if probe.returncode == 0 and probe.stdout.strip() == str(tuple(sys.version_info[:2])):
-            return [candidate, "-c", boot]
-    return None
-
-
-NOBODY_BEHAVE = behave_as_nobody()
+NOBODY_BEHAVE = as_nobody_command(BEHAVE)
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ async def test_30_concurrent_launches_and_first_reports_on_postgres(tmp_path: Pa
             assert done.progress is not None and done.progress.text.startswith("hello")
             _, attempts = await h.engine.get_task(task.task_id)
             assert len(attempts) == 1 and attempts[0].state == "ended" and attempts[0].first_contact_at is not None
-        assert not h.engine._live, "no running slot leaked"
+        assert not h.engine.runtime.live, "no running slot leaked"
     finally:
         await h.close()
 
@@ -98,7 +98,7 @@ async def test_a_failure_after_the_spawn_stops_the_tree(tmp_path: Path) -> None:
         _, attempts = await h.engine.get_task(task.task_id)
         assert attempts[0].pid is not None and attempts[0].outcome == "launch_failed"
         assert not proctree.identity_matches(attempts[0].pid, attempts[0].pid_start_time or -1)
-        assert not h.engine._live and not h.engine._by_token
+        assert not h.engine.runtime.live and not h.engine.runtime.by_token
     finally:
         store.update_task = real_update  # type: ignore[method-assign]
         await h.close()

@@ -1,0 +1,260 @@
+"""Launch: the dispatcher (queued -> running within ``max_running``) and each worker's exit.
+
+The launch protocol: the attempt row (``launching``, its token hash) is committed
+before the fork; the worker is held before exec until its identity (pid, pgid,
+kernel start time) is committed; then the task becomes ``running``. A failure
+after the spawn stops the tree — a worker is never left running untracked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import structlog
+
+from libs.settings import WorkerProfile
+from services.scheduler import cgroups, domain, processes
+from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutcome, State, Task
+from services.scheduler.runtime import LiveAttempt, Runtime, hash_token
+from services.scheduler.settling import Settler
+from services.scheduler.stopping import Stopper
+
+log = structlog.get_logger("scheduler")
+
+# What a worker's environment may inherit from the scheduler's (plus LC_* and the
+# profile's own `env` and `inherit_env`).
+ALLOWED_ENV = frozenset({"PATH", "HOME", "LANG", "TZ", "TMPDIR"})
+
+
+def worker_env(
+    environ: Mapping[str, str],
+    task: Task,
+    attempt: Attempt,
+    profile: WorkerProfile,
+    run_as: processes.RunAs | None,
+    worker_addr: str,
+) -> dict[str, str]:
+    # An allow-list: service settings (database URLs, secrets) never reach a worker.
+    env = {k: v for k, v in environ.items() if k in ALLOWED_ENV or k.startswith("LC_") or k in profile.inherit_env}
+    if run_as is not None:
+        env["HOME"] = run_as.home
+    env.update(profile.env)
+    env.update(
+        {
+            "TASKGATE_TASK_ID": task.task_id,
+            "TASKGATE_ATTEMPT_ID": attempt.attempt_id,
+            "TASKGATE_WORKER_ADDR": worker_addr,
+        }
+    )
+    resume = task.restart_resume
+    if resume is not None and resume.pending:
+        env["TASKGATE_RESUME"] = "1"
+        env["TASKGATE_LAST_PROGRESS"] = resume.last_progress or ""
+    return env
+
+
+class Launcher:
+    def __init__(self, rt: Runtime, settler: Settler, stopper: Stopper) -> None:
+        self.rt = rt
+        self.settler = settler
+        self.stopper = stopper
+
+    async def dispatch_loop(self) -> None:
+        rt = self.rt
+        interval = rt.tasks_cfg.supervisor_interval_ms / 1000
+        while not rt.closing:
+            try:
+                await asyncio.wait_for(rt.wake.wait(), timeout=interval)
+            except TimeoutError:
+                pass
+            rt.wake.clear()
+            try:
+                await self.dispatch_once()
+            except Exception:  # keep dispatching; the error is logged
+                log.exception("dispatch_failed")
+
+    async def dispatch_once(self) -> int:
+        """Launch queued tasks while there is room; returns how many were launched."""
+        rt = self.rt
+        launched = 0
+        while not rt.closing:
+            room = rt.tasks_cfg.max_running - len(rt.live)
+            if room <= 0:
+                break
+            queued = [
+                t
+                for t in await rt.store.tasks_in_states([State.QUEUED], limit=room + len(rt.live))
+                if t.task_id not in rt.live
+            ][:room]
+            if not queued:
+                break
+            # Concurrently: one launch's database work overlaps another's fork/exec.
+            results = await asyncio.gather(*(self.launch(task.task_id) for task in queued))
+            launched += sum(results)
+        return launched
+
+    async def launch(self, task_id: str) -> bool:
+        rt = self.rt
+        async with rt.locks[task_id]:
+            task, previous = await rt.store.task_with_attempts(task_id)
+            if task.state != State.QUEUED or task_id in rt.live or rt.closing:
+                return False
+            now = rt.clock.now_ms()
+            profile = rt.settings.workers.get(task.profile)
+            if profile is None:
+                await self.settler.finish(
+                    task_id,
+                    State.FAILED,
+                    Failure(
+                        code=FailureCode.WORKER_LAUNCH_FAILED,
+                        message=f"worker profile {task.profile!r} is no longer configured",
+                    ),
+                )
+                return False
+            if task.profile in rt.cannot_run:
+                await self.settler.finish(
+                    task_id,
+                    State.FAILED,
+                    Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=rt.cannot_run[task.profile]),
+                )
+                return False
+            token = secrets.token_urlsafe(32)
+            attempt_id = uuid.uuid4().hex
+            attempt = Attempt(
+                attempt_id=attempt_id,
+                task_id=task_id,
+                number=len(previous) + 1,
+                boot_id=rt.boot_id,
+                token_hash=hash_token(token),
+                harness=task.harness,
+                harness_model=task.harness_model,
+                state="launching",
+                cgroup=rt.ownership.cgroup_for(attempt_id),
+            )
+            # Committed before the fork: whatever happens next, recovery finds this row.
+            await rt.store.save_attempt(attempt)
+            live = LiveAttempt(attempt=attempt, profile=profile)
+            # Registered before the process exists, so its first call always finds it.
+            rt.live[task_id] = live
+            rt.by_token[attempt.token_hash] = live
+            run_as = rt.run_as.get(task.profile)
+            log_path = rt.settings.data_dir.resolve() / "logs" / task_id / f"attempt-{attempt.number}.log"
+            try:
+                await rt.ownership.forking(attempt)
+                addr = rt.worker_addr(run_as.uid if run_as else None)
+                launched = await processes.launch(
+                    profile.command,
+                    Path(task.workspace_path),
+                    worker_env(os.environ, task, attempt, profile, run_as, addr),
+                    log_path,
+                    token,
+                    run_as=run_as,
+                    cgroup=Path(attempt.cgroup) if attempt.cgroup else None,
+                )
+            except OSError as exc:
+                rt.forget(live)
+                rt.ownership.drop(attempt)
+                attempt.state, attempt.outcome = "ended", "launch_failed"
+                if attempt.cgroup:
+                    await asyncio.to_thread(cgroups.remove, Path(attempt.cgroup))
+                await self.settler.finish(
+                    task_id,
+                    State.FAILED,
+                    Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=f"cannot start the worker: {exc}"),
+                    attempt=attempt,
+                )
+                return False
+            live.process = launched.process
+            attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
+            rt.ownership.forked(attempt)
+            try:
+                # The identity is committed while the worker is still held before exec.
+                await rt.store.save_attempt(attempt)
+                launched.release()
+                if rt.tasks_cfg.fault_hold_launch_ms:
+                    log.warning("fault_hold_launch", task_id=task_id, pid=launched.pid)
+                    await asyncio.sleep(rt.tasks_cfg.fault_hold_launch_ms / 1000)
+                if live.stopping:  # the scheduler shut down during the launch: its stop settles the task
+                    return False
+                started_at = attempt.started_at = rt.clock.now_ms()
+                attempt.state = "running"
+
+                def to_running(t: Task) -> Task:
+                    return domain.start_running(t, started_at, now, attempt.harness, attempt.harness_model)
+
+                task, stored = await rt.store.update_task(
+                    task_id, to_running, "task.state_changed", now, attempt=attempt
+                )
+            except Exception as exc:
+                launched.abandon()
+                await self.launch_failed_after_spawn(live, exc)
+                return False
+            rt.published(stored, task)
+            log.info("worker_started", task_id=task_id, attempt=attempt.number, pid=launched.pid)
+            if launched.start_time is not None:
+                rt.telemetry.watch(task_id, launched.pid, launched.start_time)
+            rt.spawn(self.wait_exit(task_id, live), f"wait-{task_id}")
+            return True
+
+    async def launch_failed_after_spawn(self, live: LiveAttempt, exc: Exception) -> None:
+        """A spawned worker whose launch could not be committed is stopped, never left running."""
+        rt = self.rt
+        attempt = live.attempt
+        log.error("launch_failed_after_spawn", task_id=attempt.task_id, pid=attempt.pid, error=repr(exc))
+        live.stopping = True
+        status = await self.stopper.stop_tree(attempt)
+        attempt.state, attempt.outcome = "ended", "launch_failed"
+        attempt.ended_at = rt.clock.now_ms()
+        rt.forget(live)
+        failure = Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=f"the launch failed after the spawn: {exc}")
+        try:
+            if status.gone:
+                rt.ownership.drop(attempt)
+                await self.settler.finish(attempt.task_id, State.FAILED, failure, attempt=attempt)
+            else:
+                outcome = PendingOutcome(state=State.FAILED, failure=failure)
+                await self.settler.unconfirmed(attempt.task_id, outcome, attempt, status.describe())
+        except Exception:  # the database may be what failed; recovery settles the launching row
+            log.exception("launch_failure_not_recorded", task_id=attempt.task_id)
+
+    async def wait_exit(self, task_id: str, live: LiveAttempt) -> None:
+        """The worker's own exit ends its task, unless taskgate is stopping it."""
+        rt = self.rt
+        assert live.process is not None
+        returncode = await live.process.wait()
+        live.returncode = returncode
+        live.exited.set()
+        rt.telemetry.unwatch(task_id)
+        attempt = live.attempt
+        attempt.ended_at = rt.clock.now_ms()
+        attempt.exit_code = returncode if returncode >= 0 else None
+        attempt.signal = -returncode if returncode < 0 else None
+        attempt.state = "ended"
+        try:
+            if not live.stopping:
+                await self.stopper.reap_leftovers(live)
+            async with rt.locks[task_id]:
+                if live.stopping:
+                    return  # the stopper records the outcome
+                state, failure = domain.describe_exit(returncode)
+                attempt.outcome = "exited" if returncode >= 0 else "killed"
+                result = None
+                if state == State.COMPLETED:
+                    result = domain.exit_result(state, (await rt.store.get_task(task_id)).result)
+                await self.settler.finish(
+                    task_id,
+                    state,
+                    failure,
+                    result=result,
+                    attempt=attempt,
+                    only_from=(State.RUNNING, State.WAITING_INPUT),
+                )
+                log.info("worker_exited", task_id=task_id, returncode=returncode, state=state.value)
+        finally:
+            rt.forget(live)
+            rt.wake.set()

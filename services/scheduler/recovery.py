@@ -1,0 +1,77 @@
+"""Start-up recovery: settle what an earlier incarnation of the scheduler left behind.
+
+Launches it had not committed (attempt rows still ``launching``) are stopped;
+tasks it left active go ``recovering``, their worker is stopped (identity-checked)
+and, once that is proven, they are resumed (``domain.resume_after_interruption``)
+or, when not, wait in ``needs_reconciliation``.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from services.scheduler import domain
+from services.scheduler.domain import ACTIVE, State, Task
+from services.scheduler.runtime import Runtime
+from services.scheduler.settling import Settler
+from services.scheduler.stopping import Stopper
+
+log = structlog.get_logger("scheduler")
+
+
+class Recovery:
+    def __init__(self, rt: Runtime, settler: Settler, stopper: Stopper) -> None:
+        self.rt = rt
+        self.settler = settler
+        self.stopper = stopper
+
+    async def recover_launches(self) -> None:
+        """Stop what remains of launches an earlier incarnation had not committed.
+
+        Its task is still queued. The attempt's cgroup (cgroup mode) and its recorded
+        pid (committed while the worker was held) say what may remain; once that is
+        proven gone the task is dispatched again, else it needs reconciliation.
+        """
+        rt = self.rt
+        for attempt in await rt.store.launching_attempts():
+            if attempt.boot_id == rt.boot_id:
+                continue
+            status = await self.stopper.stop_tree(attempt)
+            attempt.state, attempt.outcome = "ended", "launch_interrupted"
+            attempt.ended_at = attempt.ended_at or rt.clock.now_ms()
+            log.info("recovered_launch", task_id=attempt.task_id, pid=attempt.pid, confirmed=status.gone)
+            if status.gone:
+                await rt.store.save_attempt(attempt)
+                continue
+            await self.settler.unconfirmed(attempt.task_id, domain.interrupted_outcome(), attempt, status.describe())
+
+    async def recover(self) -> None:
+        """Settle tasks an earlier incarnation left active: stop its worker, then resume."""
+        rt = self.rt
+        await self.recover_launches()
+        for task in await rt.store.tasks_in_states(ACTIVE):
+            attempts = await rt.store.attempts_of(task.task_id)
+            attempt = attempts[-1] if attempts else None
+            if attempt is not None and attempt.boot_id == rt.boot_id:
+                continue
+            outcome = domain.recovery_outcome(task)
+            now = rt.clock.now_ms()
+            if task.state != State.RECOVERING:
+
+                def to_recovering(t: Task, at: int = now) -> Task:
+                    return domain.start_recovering(t, at)
+
+                task, stored = await rt.store.update_task(task.task_id, to_recovering, "task.state_changed", now)
+                rt.published(stored, task)
+            if attempt is None:
+                await self.settler.settle(task.task_id, outcome, None)
+                continue
+            status = await self.stopper.stop_tree(attempt)
+            attempt.outcome = attempt.outcome or "interrupted"
+            attempt.state = "ended"
+            attempt.ended_at = attempt.ended_at or now
+            if status.gone:
+                await self.settler.settle(task.task_id, outcome, attempt)
+            else:
+                await self.settler.unconfirmed(task.task_id, outcome, attempt, status.describe())
+            log.info("recovered_task", task_id=task.task_id, confirmed=status.gone)

@@ -1,0 +1,133 @@
+"""What the scheduler's collaborators share: one explicit runtime context.
+
+The engine's parts (launch, supervision, stopping, settling, reports, recovery,
+watching) are small classes that each hold this one object instead of reaching
+into each other: the live attempts of this incarnation, the per-task locks, the
+dispatcher's wake-up, the background tasks, and the ports to the outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from libs import proctree
+from libs.clock import Clock, SystemClock
+from libs.settings import Settings, WorkerProfile
+from services.scheduler import domain, processes
+from services.scheduler.domain import Attempt, Task
+from services.scheduler.events import EventHub
+from services.scheduler.ownership import Ownership
+from services.scheduler.store import SchedulerStore, StoredEvent
+
+
+class TelemetryHook(Protocol):
+    """What the engine tells the telemetry agent; a no-op when there is none."""
+
+    def watch(self, task_id: str, pid: int, start_time: int) -> None: ...
+
+    def unwatch(self, task_id: str) -> None: ...
+
+
+class QuestionsPort(Protocol):
+    """The pending-registry as the engine needs it (see ``questions.QuestionsClient``)."""
+
+    async def ask(self, task_id: str, session_id: str, text: str, request_id: str) -> Any: ...
+
+    async def await_answer(self, question_id: str, wait_s: float) -> Any | None: ...
+
+    async def cancel_open(self, task_id: str) -> None: ...
+
+
+class NoTelemetry:
+    def watch(self, task_id: str, pid: int, start_time: int) -> None:
+        pass
+
+    def unwatch(self, task_id: str) -> None:
+        pass
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(eq=False)
+class LiveAttempt:
+    attempt: Attempt
+    profile: WorkerProfile
+    process: asyncio.subprocess.Process | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    returncode: int | None = None
+    # Set (under the task lock) once taskgate itself is stopping the tree, so the
+    # exit waiter leaves the outcome to the stopper.
+    stopping: bool = False
+
+
+class Runtime:
+    """Settings, ports and the in-memory state of one scheduler incarnation."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: SchedulerStore,
+        clock: Clock | None,
+        telemetry: TelemetryHook | None,
+        questions: QuestionsPort | None,
+        boot_id: str | None,
+        table_reader: Callable[[], dict[int, proctree.ProcStat]],
+        worker_addr: Callable[[int | None], str] | None,
+        reap_unknown_orphans: bool,
+    ) -> None:
+        self.settings = settings
+        self.tasks_cfg = settings.tasks
+        self.store = store
+        self.clock: Clock = clock or SystemClock()
+        self.telemetry: TelemetryHook = telemetry or NoTelemetry()
+        self.questions = questions
+        self.boot_id = boot_id or uuid.uuid4().hex
+        self.hub = EventHub()
+        self.table_reader = table_reader
+        self.live: dict[str, LiveAttempt] = {}  # task_id -> attempt being run now
+        self.by_token: dict[str, LiveAttempt] = {}
+        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.wake = asyncio.Event()  # the dispatcher looks for queued work when set
+        self.background: set[asyncio.Task[Any]] = set()
+        self.closing = False
+        # The worker API's address for a worker uid (see ``worker_api.WorkerSockets``).
+        self.worker_addr: Callable[[int | None], str] = worker_addr or (lambda uid: "")
+        self.ownership = Ownership(table_reader, self.leader_pids, reap_unknown_orphans)
+        # Who each profile's workers run as; why a profile cannot be launched here.
+        self.run_as, self.cannot_run = processes.resolve_profiles(settings.workers)
+
+    def leader_pids(self) -> set[int]:
+        return {la.attempt.pid for la in self.live.values() if la.attempt.pid is not None}
+
+    def forget(self, live: LiveAttempt) -> None:
+        if self.live.get(live.attempt.task_id) is live:
+            del self.live[live.attempt.task_id]
+        self.by_token.pop(live.attempt.token_hash, None)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        """Run ``coro`` in the background; shutdown waits for it."""
+        task: asyncio.Task[Any] = asyncio.create_task(coro, name=name)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
+
+    async def drain_background(self) -> None:
+        while self.background:
+            await asyncio.gather(*list(self.background), return_exceptions=True)
+
+    def published(self, stored: StoredEvent | None, task: Task, event_type: str | None = None) -> None:
+        """Tell watchers about a committed change (after commit, never before)."""
+        if stored is not None:
+            self.hub.publish(stored.type, stored.at, task)
+            if stored.type == "task.state_changed" and self.questions is not None and domain.closes_questions(task):
+                self.spawn(self.questions.cancel_open(task.task_id), f"close-questions-{task.task_id}")
+        elif event_type is not None:
+            self.hub.publish(event_type, self.clock.now_ms(), task)

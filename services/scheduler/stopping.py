@@ -1,0 +1,151 @@
+"""Stop and proof: stopping an attempt's tree, and settling its task by what is proven.
+
+A stop is SIGTERM, SIGKILL after the grace, then a look for proof (process group,
+cgroup, recorded descendants — see ``processes.stop_tree``). Only a proven stop
+settles the task; otherwise it needs reconciliation and ``retry_cleanup`` looks
+again. Cancel is one cause of a stop among the supervisor's and shutdown's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from libs.settings import WorkerProfile
+from services.scheduler import cgroups, domain, processes
+from services.scheduler.domain import Attempt, Cancellation, PendingOutcome, State, Task
+from services.scheduler.runtime import LiveAttempt, Runtime
+from services.scheduler.settling import Settler
+
+log = structlog.get_logger("scheduler")
+
+
+class Stopper:
+    def __init__(self, rt: Runtime, settler: Settler) -> None:
+        self.rt = rt
+        self.settler = settler
+
+    async def stop_tree(self, attempt: Attempt) -> processes.TreeStatus:
+        """SIGTERM, SIGKILL after the grace, then look for proof (see ``processes.stop_tree``)."""
+        cfg = self.rt.tasks_cfg
+        status = await processes.stop_tree(
+            attempt,
+            cfg.cancel_grace_ms / 1000,
+            cfg.cleanup_confirm_ms / 1000,
+            ctx=self.rt.ownership.stop_context(),
+        )
+        if status.gone:
+            self.rt.ownership.drop(attempt)
+        return status
+
+    async def reap_leftovers(self, live: LiveAttempt) -> None:
+        """Processes a worker leaves behind (group, cgroup, recorded daemons) end with it."""
+        ownership = self.rt.ownership
+        status = await asyncio.to_thread(processes.look, live.attempt, ownership.stop_context())
+        if status.gone:
+            ownership.drop(live.attempt)
+            if live.attempt.cgroup:
+                await asyncio.to_thread(cgroups.remove, Path(live.attempt.cgroup))
+            return
+        task_id = live.attempt.task_id
+        log.info("reaping_leftover_processes", task_id=task_id, detail=status.describe())
+        status = await self.stop_tree(live.attempt)
+        if not status.gone:
+            log.warning("leftover_processes_survive", task_id=task_id, detail=status.describe())
+
+    async def stop_and_settle(self, live: LiveAttempt, why: str, message: str) -> Task:
+        """Stop an attempt's tree; settle the task by what could be proven.
+
+        ``why``: cancel | stalled | max_duration | no_first_report | background | shutdown.
+        """
+        rt = self.rt
+        task_id = live.attempt.task_id
+        live.stopping = True
+        status = await self.stop_tree(live.attempt)
+        if live.process is not None and not live.exited.is_set():
+            try:
+                await asyncio.wait_for(live.exited.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+        attempt = live.attempt
+        attempt.ended_at = attempt.ended_at or rt.clock.now_ms()
+        attempt.outcome = f"stopped:{why}"
+        attempt.state = "ended"
+        async with rt.locks[task_id]:
+            task = await rt.store.get_task(task_id)
+            outcome = domain.stop_outcome(why, task, message)
+            if status.gone:
+                task = await self.settler.settle(task_id, outcome, attempt)
+            else:
+                log.warning("cleanup_unconfirmed", task_id=task_id, detail=status.describe())
+                task = await self.settler.unconfirmed(task_id, outcome, attempt, status.describe())
+        rt.forget(live)
+        rt.wake.set()
+        return task
+
+    async def cancel(
+        self,
+        task_id: str,
+        cause: str = domain.USER_CANCELED,
+        replaced_by: str | None = None,
+        wait_s: float = 0.0,
+    ) -> Task:
+        """Request a cancel; returns the task (cancelled, cancel_requested or unchanged)."""
+        rt = self.rt
+        domain.validate_task_id(task_id)
+        if replaced_by:
+            domain.validate_task_id(replaced_by)
+        cause = domain.validate_cause(cause)
+        now = rt.clock.now_ms()
+        async with rt.locks[task_id]:
+            task = await rt.store.get_task(task_id)
+            if domain.cancel_is_noop(task):
+                return task
+            cancellation = Cancellation(requested_at=now, cause=cause, replaced_by_task_id=replaced_by)
+            live = rt.live.get(task_id)
+            if live is None:
+                # Not launched by this incarnation: stop what the last attempt recorded
+                # (for a queued task: a launch an earlier incarnation did not finish).
+                attempts = await rt.store.attempts_of(task_id)
+                if attempts and (task.state != State.QUEUED or attempts[-1].state == "launching"):
+                    live = LiveAttempt(
+                        attempt=attempts[-1],
+                        profile=rt.settings.workers.get(task.profile, WorkerProfile(command=["unknown"])),
+                    )
+            if live is None:
+                # Queued (or never launched): nothing runs, so nothing to prove.
+                task, stored = await rt.store.update_task(
+                    task_id, lambda t: domain.cancel_at_once(t, cancellation, now), "task.state_changed", now
+                )
+                rt.published(stored, task)
+                return task
+            task, stored = await rt.store.update_task(
+                task_id, lambda t: domain.request_cancel(t, cancellation, now), "task.state_changed", now
+            )
+            rt.published(stored, task)
+            live.stopping = True
+            stopper = rt.spawn(self.stop_and_settle(live, "cancel", f"cancelled ({cause})"))
+        if wait_s > 0:
+            done, _ = await asyncio.wait({stopper}, timeout=wait_s)
+            if done:
+                return await rt.store.get_task(task_id)
+        return task
+
+    async def retry_cleanup(self, task_id: str) -> Task:
+        rt = self.rt
+        domain.validate_task_id(task_id)
+        async with rt.locks[task_id]:
+            task = await rt.store.get_task(task_id)
+            if task.state != State.NEEDS_RECONCILIATION:
+                return task
+            attempts = await rt.store.attempts_of(task_id)
+        outcome = task.pending_outcome or PendingOutcome(state=State.CANCELLED)
+        attempt = attempts[-1] if attempts else None
+        if attempt is not None:
+            status = await self.stop_tree(attempt)
+        async with rt.locks[task_id]:
+            if attempt is None or status.gone:
+                return await self.settler.settle(task_id, outcome, attempt)
+            return await self.settler.unconfirmed(task_id, outcome, attempt, status.describe())

@@ -1,0 +1,84 @@
+"""Supervision: the one supervisor loop (timers, descendant recording) and telemetry.
+
+Each pass reads the process table once (in a thread), records the descendants of
+every live attempt, and asks ``domain.supervise`` what each task's timers call
+for: nothing, an inspection mark, or a stop (``stopping.Stopper``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from services.scheduler import domain, processes
+from services.scheduler.domain import Task, Verdict
+from services.scheduler.runtime import Runtime
+from services.scheduler.stopping import Stopper
+
+log = structlog.get_logger("scheduler")
+
+
+class Supervisor:
+    def __init__(self, rt: Runtime, stopper: Stopper) -> None:
+        self.rt = rt
+        self.stopper = stopper
+
+    async def loop(self) -> None:
+        rt = self.rt
+        interval = rt.tasks_cfg.supervisor_interval_ms / 1000
+        while not rt.closing:
+            await asyncio.sleep(interval)
+            try:
+                await self.supervise_once()
+            except Exception:
+                log.exception("supervise_failed")
+
+    async def supervise_once(self) -> None:
+        """One pass over the live attempts: record descendants, apply the timers."""
+        rt = self.rt
+        live = [la for la in rt.live.values() if la.process is not None and not la.stopping]
+        if not live and not rt.ownership.busy:
+            return
+        table = await asyncio.to_thread(rt.table_reader)
+        await asyncio.to_thread(rt.ownership.look_after, table)
+        now = rt.clock.now_ms()
+        for la in live:
+            if processes.record_descendants(la.attempt, table):
+                await rt.store.save_attempt(la.attempt)
+            task = await rt.store.find_task(la.attempt.task_id)
+            if task is None:
+                continue
+            verdict = domain.supervise(task, la.attempt, rt.tasks_cfg, now, la.profile.uses_sdk)
+            if verdict.verdict == Verdict.NONE:
+                continue
+            if verdict.verdict == Verdict.INSPECT:
+                await self.set_inspection(task.task_id, verdict.detail, now)
+                continue
+            why = domain.STOP_REASONS[verdict.verdict]
+            async with rt.locks[task.task_id]:
+                if la.stopping or la.exited.is_set():
+                    continue
+                la.stopping = True
+            log.info("supervisor_stopping", task_id=task.task_id, why=why, detail=verdict.detail)
+            rt.spawn(self.stopper.stop_and_settle(la, why, verdict.detail or why), f"stop-{task.task_id}")
+
+    async def set_inspection(self, task_id: str, reason: str, now: int) -> None:
+        def change(t: Task) -> Task | None:
+            return t if domain.mark_for_inspection(t, reason, now) else None
+
+        task, stored = await self.rt.store.update_task(task_id, change, "task.execution", now)
+        self.rt.published(stored, task)
+
+    async def record_observation(self, task_id: str, observation: domain.Execution) -> None:
+        """Keep the latest observation; CPU/IO movement counts as activity, never as progress."""
+
+        def change(t: Task) -> Task | None:
+            return t if domain.apply_observation(t, observation) else None
+
+        try:
+            task, _ = await self.rt.store.update_task(task_id, change, None, observation.observed_at)
+        except domain.TaskNotFound:
+            return
+        if not task.terminal:  # a finished task's last observation stays as it was
+            self.rt.hub.publish("task.execution", observation.observed_at, task)

@@ -1,0 +1,63 @@
+"""Watching tasks live: current snapshots first, then each event after commit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from libs import errors
+from services.scheduler import domain
+from services.scheduler.domain import State, Task
+from services.scheduler.events import TaskEvent
+from services.scheduler.runtime import Runtime
+
+
+class Watchers:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def watch_task(self, task_id: str) -> AsyncIterator[TaskEvent]:
+        domain.validate_task_id(task_id)
+
+        async def one() -> list[Task]:
+            return [await self.rt.store.get_task(task_id)]
+
+        async for event in self._watch(lambda t: t.task_id == task_id, one):
+            yield event
+
+    async def watch_session(self, agent_id: str, session_id: str) -> AsyncIterator[TaskEvent]:
+        domain.validate_id("agentId", agent_id)
+        domain.validate_id("sessionId", session_id)
+
+        def accepts(t: Task) -> bool:
+            return t.agent_id == agent_id and t.session_id == session_id
+
+        async def active() -> list[Task]:
+            live_states = [s for s in State if s not in domain.TERMINAL]
+            return [t for t in await self.rt.store.tasks_in_states(live_states) if accepts(t)]
+
+        async for event in self._watch(accepts, active):
+            yield event
+
+    async def _watch(
+        self, accepts: Callable[[Task], bool], initial: Callable[[], Awaitable[list[Task]]]
+    ) -> AsyncIterator[TaskEvent]:
+        """Current snapshots first, then each event after commit.
+
+        Subscribed before the snapshots are read, so no change falls between them
+        (a change may show twice: snapshot, then event — never not at all).
+        """
+        with self.rt.hub.subscribe(accepts) as sub:
+            now = self.rt.clock.now_ms()
+            for task in await initial():
+                yield TaskEvent(0, "task.snapshot", now, task)
+            while True:
+                try:
+                    event = await asyncio.wait_for(sub.queue.get(), timeout=1.0)
+                except TimeoutError:
+                    if sub.overflowed:
+                        raise errors.ResourceExhausted(
+                            "WATCHER_TOO_SLOW", "the watcher fell behind; reconnect to resume"
+                        ) from None
+                    continue
+                yield event
