@@ -43,7 +43,17 @@ def _methods(prefix: str, *names: str) -> set[str]:
 POLICY: dict[str, frozenset[str]] = {
     # The HTTP edge: task control for REST clients, answers, pending snapshots, conversations.
     "gateway": frozenset(
-        _methods(_SCHEDULER, "CreateTask", "GetTask", "ListTasks", "CancelTask", "RetryCleanup", "WatchTasks")
+        _methods(
+            _SCHEDULER,
+            "CreateTask",
+            "GetTask",
+            "ListTasks",
+            "CancelTask",
+            "RetryCleanup",
+            "WatchTasks",
+            "PauseTask",
+            "ResumeTask",
+        )
         | _methods(_PENDING, "AnswerQuestion", "GetQuestion", "GetSessionTask")
         | {_NOTIFIER + "*"}
     ),
@@ -60,7 +70,14 @@ POLICY: dict[str, frozenset[str]] = {
     # through the gateway, where a person's key and membership are checked.
     "frontend": frozenset(
         _methods(
-            _PENDING, "Ask", "Listen", "PickNext", "PickNextMatch", "Reply", "HasListener", "CancelSession",
+            _PENDING,
+            "Ask",
+            "Listen",
+            "PickNext",
+            "PickNextMatch",
+            "Reply",
+            "HasListener",
+            "CancelSession",
             "GetSessionTask",
         )
     ),
@@ -81,7 +98,6 @@ def allowed(identity: str, method: str) -> bool:
 def exempt(method: str) -> bool:
     """Health checking and reflection: open to anyone who can connect."""
     return method.startswith(EXEMPT_PREFIXES)
-
 
 
 def _digest(secret: str) -> bytes:

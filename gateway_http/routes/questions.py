@@ -14,7 +14,7 @@ from gateway_http.backends import Backends, request_metadata
 from gateway_http.chat import CHAT_ID_REGEX, NotACommand, parse_command
 from gateway_http.convert import iso, task_json
 from gateway_http.errors import ApiError, responses
-from gateway_http.routes.tasks import owned_task
+from gateway_http.routes.tasks import FINISHED, owned_task
 from gateway_http.schemas import (
     ID_REGEX,
     UUID_HEX_REGEX,
@@ -181,6 +181,8 @@ async def run_command(
             raise ApiError(403, "QUESTION_STALE", "no such question") from exc
         raise
     task = await session_task(backends, metadata, agent_id, session_id, found.question.task_id)
+    if task.state in FINISHED:
+        raise ApiError(403, "TASK_FINISHED", "the task has finished; its question takes no answer")
     try:
         await backends.pending.AnswerQuestion(
             ppb.AnswerQuestionRequest(

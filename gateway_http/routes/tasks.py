@@ -36,6 +36,9 @@ router = APIRouter(
 )
 
 
+FINISHED = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
+
+
 def _backends(request: Request) -> Backends:
     return request.app.state.backends  # type: ignore[no-any-return]
 
@@ -166,6 +169,32 @@ async def cancel_task(
     return JSONResponse({"task": {"taskId": snapshot["taskId"], "state": snapshot["state"]}})
 
 
+@router.post("/tasks/{taskId}/pause", response_model=TaskEnvelope, responses=responses(404))
+async def pause_task(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
+    """Stop the worker with the same proof as a cancel and keep the task ``paused`` (not terminal),
+    with its open question and pending snapshot: ``cancel_requested`` while stopping."""
+    caller.require_tool("task_cancel")
+    await owned_task(request, caller, taskId)
+    backends = _backends(request)
+    reply = await backends.scheduler.PauseTask(
+        pb.PauseTaskRequest(task_id=taskId), timeout=backends.timeout_s + 5, metadata=request_metadata(request)
+    )
+    return JSONResponse({"task": task_json(reply.task)})
+
+
+@router.post("/tasks/{taskId}/resume", response_model=TaskEnvelope, responses=responses(404))
+async def resume_task(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
+    """Queue a paused task again: its worker starts with ``TASKGATE_RESUME=1`` and the last progress.
+    A task in any other state is returned unchanged."""
+    caller.require_tool("task_cancel")
+    await owned_task(request, caller, taskId)
+    backends = _backends(request)
+    reply = await backends.scheduler.ResumeTask(
+        pb.ResumeTaskRequest(task_id=taskId), timeout=backends.timeout_s, metadata=request_metadata(request)
+    )
+    return JSONResponse({"task": task_json(reply.task)})
+
+
 @router.post("/tasks/{taskId}/retry-cleanup", response_model=TaskEnvelope, responses=responses(404))
 async def retry_cleanup(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
     """Look again for proof that a ``needs_reconciliation`` task's processes are gone."""
@@ -186,7 +215,9 @@ async def answer_question(
     caller.require_tool("task_answer")
     if not body.answer.strip():
         raise ApiError(400, "EMPTY_ANSWER", "answer must not be empty")
-    await owned_task(request, caller, taskId)
+    task = await owned_task(request, caller, taskId)
+    if task.state in FINISHED:
+        raise ApiError(403, "TASK_FINISHED", "the task has finished; its question takes no answer")
     backends = _backends(request)
     try:
         await backends.pending.AnswerQuestion(
