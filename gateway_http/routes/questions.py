@@ -14,7 +14,7 @@ from gateway_http.backends import Backends, request_metadata
 from gateway_http.chat import CHAT_ID_REGEX, NotACommand, parse_command
 from gateway_http.convert import iso, task_json
 from gateway_http.errors import ApiError, responses
-from gateway_http.routes.tasks import FINISHED, owned_task
+from gateway_http.routes.tasks import FINISHED, check_replayed_answer, owned_task
 from gateway_http.schemas import (
     ID_REGEX,
     UUID_HEX_REGEX,
@@ -182,7 +182,8 @@ async def run_command(
         raise
     task = await session_task(backends, metadata, agent_id, session_id, found.question.task_id)
     if task.state in FINISHED:
-        raise ApiError(403, "TASK_FINISHED", "the task has finished; its question takes no answer")
+        await check_replayed_answer(backends, metadata, task, command.question_id, command.answer)
+        return {"action": "answer", "reply": "That answer was already saved.", "task": task_json(task)}
     try:
         await backends.pending.AnswerQuestion(
             ppb.AnswerQuestionRequest(

@@ -39,6 +39,25 @@ router = APIRouter(
 FINISHED = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
 
 
+async def check_replayed_answer(
+    backends: Backends, metadata: tuple[tuple[str, str], ...], task: pb.Task, question_id: str, answer: str
+) -> None:
+    """A finished task's question takes no answer (403 TASK_FINISHED), except the very answer it
+    already has: repeating a saved answer stays idempotent."""
+    try:
+        reply = await backends.pending.GetQuestion(
+            pending_pb.GetQuestionRequest(question_id=question_id), timeout=backends.timeout_s, metadata=metadata
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+    else:
+        q = reply.question
+        if q.task_id == task.task_id and q.state == pending_pb.QUESTION_STATE_ANSWERED and q.answer == answer:
+            return
+    raise ApiError(403, "TASK_FINISHED", "the task has finished; its question takes no answer")
+
+
 def _backends(request: Request) -> Backends:
     return request.app.state.backends  # type: ignore[no-any-return]
 
@@ -216,9 +235,10 @@ async def answer_question(
     if not body.answer.strip():
         raise ApiError(400, "EMPTY_ANSWER", "answer must not be empty")
     task = await owned_task(request, caller, taskId)
-    if task.state in FINISHED:
-        raise ApiError(403, "TASK_FINISHED", "the task has finished; its question takes no answer")
     backends = _backends(request)
+    if task.state in FINISHED:
+        await check_replayed_answer(backends, request_metadata(request), task, body.questionId, body.answer)
+        return JSONResponse({"task": task_json(task)})
     try:
         await backends.pending.AnswerQuestion(
             pending_pb.AnswerQuestionRequest(
