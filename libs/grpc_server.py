@@ -248,7 +248,9 @@ NO_CALLER_AUTH = ServerSecurity(auth=None)
 class ServiceHost:
     """A started gRPC server with health and reflection; stop() is graceful."""
 
-    def __init__(self, server: grpc.aio.Server, health: health_aio.HealthServicer, port: int, names: list[str]) -> None:
+    def __init__(
+        self, server: grpc.aio.Server, health: health_aio.HealthServicer, port: int, names: list[str]
+    ) -> None:
         self.server = server
         self.health = health
         self.port = port

@@ -242,13 +242,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
     raw["config_path"] = str(config_path) if config_path.exists() else None
     tasks = TaskSettings._aliases(dict(raw.get("tasks", {})))
     top_fields = set(Settings.model_fields) - {
-        "tasks",
-        "workers",
-        "agents",
-        "config_path",
-        "caller_secrets",
-        "notifier",
-        "channels",
+        "tasks", "workers", "agents", "config_path", "caller_secrets", "notifier", "channels"
     }
     caller_secrets: dict[str, str] = {}
     notifier = dict(raw.get("notifier", {}))
