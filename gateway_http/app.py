@@ -3,8 +3,10 @@ from the same pydantic models, and it has native SSE for the activity stream."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 from fastapi import FastAPI
@@ -16,8 +18,9 @@ from gateway_http import errors, openapi
 from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import conversation, health, sessions, tasks
+from gateway_http.routes import channels, conversation, health, questions, sessions, tasks
 from gateway_http.store import GatewayStore
+from gateway_http.telegram import TelegramAdapter
 from libs.settings import Settings
 
 
@@ -28,15 +31,31 @@ class GatewayApp(FastAPI):
         return RequestContextMiddleware(super().build_middleware_stack(), self.max_body_size)
 
 
+def telegram_adapters(settings: Settings, store: GatewayStore, backends: Backends) -> dict[str, TelegramAdapter]:
+    def runner(agent_id: str, session_id: str, principal: str, text: str) -> Awaitable[dict[str, Any]]:
+        return questions.run_command(backends, (), agent_id, session_id, principal, text)
+
+    return {
+        name: TelegramAdapter(name, channel, store, backends, runner)
+        for name, channel in settings.channels.items()
+        if channel.kind == "telegram"
+    }
+
+
 def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # grpc.aio channels belong to the serving event loop.
         app.state.backends = Backends.open(settings)
         app.state.activity = ActivityFanout(app.state.backends.notifier, conversation.notification_json)
+        app.state.telegram = telegram_adapters(settings, store, app.state.backends)
+        bots = [asyncio.create_task(a.run(), name=f"telegram-{n}") for n, a in app.state.telegram.items()]
         try:
             yield
         finally:
+            for bot in bots:
+                bot.cancel()
+            await asyncio.gather(*bots, return_exceptions=True)
             await app.state.activity.close()
             await app.state.backends.close()
 
@@ -53,6 +72,7 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     )
     app.state.settings = settings
     app.state.store = store
+    app.state.telegram = {}
     app.add_exception_handler(errors.ApiError, errors.api_error_handler)
     app.add_exception_handler(grpc.aio.AioRpcError, errors.rpc_error_handler)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
@@ -62,5 +82,7 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(sessions.router)
     app.include_router(conversation.router)
+    app.include_router(questions.router)
+    app.include_router(channels.router)
     openapi.install(app, settings)
     return app

@@ -113,7 +113,8 @@ def _task_links(doc: dict[str, Any]) -> None:
         return
     links: dict[str, Any] = {}
     for path, operations in paths.items():
-        if not path.startswith(TASKS + "/{taskId}"):
+        # Only operations a created task fully names (a question id comes from elsewhere).
+        if not path.startswith(TASKS + "/{taskId}") or path.count("{") > 3:
             continue
         for operation in operations.values():
             links[operation["operationId"]] = {

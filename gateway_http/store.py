@@ -31,6 +31,18 @@ MIGRATIONS = [
             " PRIMARY KEY (agent_id, session_id, principal))",
         ],
     ),
+    Migration(
+        2,
+        "chat channel bindings",
+        [
+            # One chat (or thread of it) on a channel speaks for one session at a time.
+            "CREATE TABLE channel_bindings ("
+            " channel VARCHAR(128) NOT NULL, chat_id VARCHAR(128) NOT NULL, thread_id VARCHAR(128) NOT NULL,"
+            " agent_id VARCHAR(128) NOT NULL, session_id VARCHAR(128) NOT NULL, created_at BIGINT NOT NULL,"
+            " PRIMARY KEY (channel, chat_id, thread_id))",
+            "CREATE INDEX ix_channel_bindings_session ON channel_bindings (agent_id, session_id)",
+        ],
+    ),
 ]
 
 
@@ -51,6 +63,17 @@ class MembershipRow(SQLModel, table=True):
     agent_id: str = Field(primary_key=True)
     session_id: str = Field(primary_key=True)
     principal: str = Field(primary_key=True)
+    created_at: int = Field(sa_type=BigInteger)
+
+
+class BindingRow(SQLModel, table=True):
+    __tablename__ = "channel_bindings"
+    channel: str = Field(primary_key=True)
+    chat_id: str = Field(primary_key=True)
+    # "" when the binding is the whole chat.
+    thread_id: str = Field(primary_key=True)
+    agent_id: str
+    session_id: str
     created_at: int = Field(sa_type=BigInteger)
 
 
@@ -160,6 +183,46 @@ class GatewayStore:
     def is_member(s: Session, agent_id: str, session_id: str, principal: str) -> bool:
         return s.get(MembershipRow, (agent_id, session_id, principal)) is not None
 
+    # --- channel bindings ----------------------------------------------------------
+
+    @staticmethod
+    def bind_channel(s: Session, agent_id: str, session_id: str, channel: str, chat_id: str, thread_id: str) -> bool:
+        """Bind a chat (thread) to a session; a rebind moves it. False when it was bound so already."""
+        row = s.get(BindingRow, (channel, chat_id, thread_id))
+        if row is not None and (row.agent_id, row.session_id) == (agent_id, session_id):
+            return False
+        if row is None:
+            row = BindingRow(
+                channel=channel,
+                chat_id=chat_id,
+                thread_id=thread_id,
+                agent_id=agent_id,
+                session_id=session_id,
+                created_at=_now(),
+            )
+        else:
+            row.agent_id, row.session_id, row.created_at = agent_id, session_id, _now()
+        s.add(row)
+        return True
+
+    @staticmethod
+    def unbind_channel(s: Session, channel: str, chat_id: str, thread_id: str) -> bool:
+        row = s.get(BindingRow, (channel, chat_id, thread_id))
+        if row is None:
+            return False
+        s.delete(row)
+        return True
+
+    @staticmethod
+    def list_bindings(s: Session) -> list[BindingRow]:
+        order = [col(BindingRow.channel), col(BindingRow.chat_id), col(BindingRow.thread_id)]
+        return list(s.exec(select(BindingRow).order_by(*order)).all())
+
+    @staticmethod
+    def find_binding(s: Session, channel: str, chat_id: str, thread_id: str) -> tuple[str, str] | None:
+        row = s.get(BindingRow, (channel, chat_id, thread_id))
+        return (row.agent_id, row.session_id) if row is not None else None
+
     # --- async, for request handling ---------------------------------------------
 
     async def authenticate(self, secret: str) -> ApiKey | None:
@@ -167,3 +230,20 @@ class GatewayStore:
 
     async def member(self, agent_id: str, session_id: str, principal: str) -> bool:
         return await self.db.run(lambda s: self.is_member(s, agent_id, session_id, principal))
+
+    async def binding(self, channel: str, chat_id: str, thread_id: str) -> tuple[str, str] | None:
+        """The (agent, session) a chat or thread is bound to."""
+        return await self.db.run(lambda s: self.find_binding(s, channel, chat_id, thread_id))
+
+    async def chats_of(self, channel: str, agent_id: str, session_id: str) -> list[tuple[str, str]]:
+        """The (chat, thread) pairs of a channel bound to the session."""
+
+        def work(s: Session) -> list[tuple[str, str]]:
+            rows = s.exec(
+                select(BindingRow).where(
+                    BindingRow.channel == channel, BindingRow.agent_id == agent_id, BindingRow.session_id == session_id
+                )
+            ).all()
+            return [(r.chat_id, r.thread_id) for r in rows]
+
+        return await self.db.run(work)

@@ -43,7 +43,10 @@ def _methods(prefix: str, *names: str) -> set[str]:
 POLICY: dict[str, frozenset[str]] = {
     # The HTTP edge: task control for REST clients, answers, pending snapshots, conversations.
     "gateway": frozenset(
-        _methods(_SCHEDULER, "CreateTask", "GetTask", "ListTasks", "CancelTask", "RetryCleanup", "WatchTasks")
+        _methods(
+            _SCHEDULER, "CreateTask", "GetTask", "ListTasks", "CancelTask", "RetryCleanup", "WatchTasks",
+            "PauseTask", "ResumeTask",
+        )
         | _methods(_PENDING, "AnswerQuestion", "GetQuestion", "GetSessionTask")
         | {_NOTIFIER + "*"}
     ),

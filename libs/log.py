@@ -55,7 +55,8 @@ def configure_logging(service: str, level: str = "info", fmt: Literal["auto", "j
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("uvicorn.access",):
+    # httpx logs every request's URL at INFO, and a Bot API URL holds the bot's token.
+    for noisy in ("uvicorn.access", "httpx", "httpcore", "telegram"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

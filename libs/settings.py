@@ -97,17 +97,43 @@ class AgentConfig(_Frozen):
 
 
 class ChannelConfig(_Frozen):
-    kind: Literal["webhook"]
-    url: str
+    """A ``[channels.NAME]`` the notifier delivers an agent's notifications to.
+
+    ``webhook``: POSTed to ``url``. ``telegram``: POSTed (same signed contract) to the
+    gateway's Telegram adapter, which sends them with the Bot API's sendMessage to the
+    chats bound to the session, and long-polls the bot's updates for commands and menus.
+    """
+
+    kind: Literal["webhook", "telegram"]
+    url: str = ""
     # HMAC-SHA256 key for X-Taskgate-Signature.
     secret: str = Field(min_length=16)
+    # Telegram: the bot's token (kept out of reprs and logs) and the Bot API's base URL.
+    bot_token: SecretStr | None = None
+    api_base_url: str = "https://api.telegram.org"
+    # Telegram: long-poll wait of getUpdates, the live menu's refresh period.
+    poll_timeout_s: int = Field(25, ge=0, le=50)
+    menu_refresh_ms: int = Field(3000, ge=50)
 
-    @field_validator("url")
+    @field_validator("url", "api_base_url")
     @classmethod
     def _http_url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("a webhook url starts with http:// or https://")
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("a url starts with http:// or https://")
         return v
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> ChannelConfig:
+        if self.kind == "webhook" and not self.url:
+            raise ValueError("a webhook channel needs url")
+        if self.kind == "telegram" and (self.bot_token is None or not self.bot_token.get_secret_value()):
+            raise ValueError("a telegram channel needs bot_token")
+        return self
+
+    def delivery_url(self, name: str, http_addr: str) -> str:
+        if self.kind == "telegram":
+            return f"http://{http_addr}/internal/channels/{name}/deliveries"
+        return self.url
 
 
 class NotifierSettings(_Frozen):
@@ -122,6 +148,10 @@ class NotifierSettings(_Frozen):
     # Activity frames kept per conversation for Last-Event-ID resume, and for how long.
     activity_retention_frames: int = Field(1000, ge=1)
     activity_retention_ms: int = Field(86_400_000, ge=1000)
+    # Base of a question reminder's cooldown: 1x, 3x, then 6x for later reminders.
+    question_reminder_ms: int = Field(600_000, ge=1)
+    # How long a snooze defers a question's reminders (one hour).
+    question_snooze_ms: int = Field(3_600_000, ge=1)
 
 
 class Settings(_Frozen):

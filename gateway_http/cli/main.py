@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from gateway_http.chat import CHAT_ID_REGEX
 from gateway_http.cli import conversation, pending
 from gateway_http.cli.client import ApiFailure, RestClient
 from gateway_http.cli.tables import render_table
@@ -39,6 +41,15 @@ def _id(kind: str) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(
                 f"{kind} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'"
             )
+        return value
+
+    return parse
+
+
+def _chat_id(kind: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if not re.match(CHAT_ID_REGEX, value):
+            raise argparse.ArgumentTypeError(f"{kind} must be an id word, or a number that may be negative")
         return value
 
     return parse
@@ -120,6 +131,34 @@ def cmd_members_list(args: argparse.Namespace, out: TextIO) -> int:
         ]
     )
     print(render_table(["agent", "session", "principal", "added"], rows), file=out)
+    return 0
+
+
+def cmd_channels_bind(args: argparse.Namespace, out: TextIO) -> int:
+    thread = args.thread or ""
+    changed = _in_transaction(
+        lambda s: GatewayStore.bind_channel(s, args.agent, args.session, args.channel, args.chat, thread)
+    )
+    where = f"{args.channel} chat {args.chat}" + (f" thread {thread}" if thread else "")
+    print(("bound" if changed else "already bound:") + f" {where} → {args.agent}/{args.session}", file=out)
+    return 0
+
+
+def cmd_channels_unbind(args: argparse.Namespace, out: TextIO) -> int:
+    if not _in_transaction(lambda s: GatewayStore.unbind_channel(s, args.channel, args.chat, args.thread or "")):
+        raise CliError("no such binding")
+    print(f"unbound {args.channel} chat {args.chat}", file=out)
+    return 0
+
+
+def cmd_channels_list(args: argparse.Namespace, out: TextIO) -> int:
+    rows = _in_transaction(
+        lambda s: [
+            [b.channel, b.chat_id, b.thread_id, b.agent_id, b.session_id, _when_ms(b.created_at)]
+            for b in GatewayStore.list_bindings(s)
+        ]
+    )
+    print(render_table(["channel", "chat", "thread", "agent", "session", "bound"], rows), file=out)
     return 0
 
 
@@ -344,6 +383,18 @@ def build_parser() -> argparse.ArgumentParser:
     secrets.add_parser("init", help="create missing caller secrets (0600) under the secrets directory").set_defaults(
         fn=cmd_secrets_init
     )
+    channels = admin_sub.add_parser("channels", help="chat channel bindings (chat/thread ↔ session)")
+    csub = channels.add_subparsers(dest="action", required=True)
+    for name, fn in (("bind", cmd_channels_bind), ("unbind", cmd_channels_unbind)):
+        p = csub.add_parser(name)
+        if name == "bind":
+            p.add_argument("--agent", required=True, type=_id("agent"))
+            p.add_argument("--session", required=True, type=_id("session"))
+        p.add_argument("--channel", required=True, type=_id("channel"), help="a [channels.NAME] of the config")
+        p.add_argument("--chat", required=True, type=_chat_id("chat"), help="the chat's id on that channel")
+        p.add_argument("--thread", type=_chat_id("thread"), help="a thread of the chat (default: the whole chat)")
+        p.set_defaults(fn=fn)
+    csub.add_parser("list").set_defaults(fn=cmd_channels_list)
     mlist = members.add_parser("list")
     mlist.add_argument("--agent", type=_id("agent"))
     mlist.set_defaults(fn=cmd_members_list)

@@ -36,6 +36,28 @@ router = APIRouter(
 )
 
 
+FINISHED = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
+
+
+async def check_replayed_answer(
+    backends: Backends, metadata: tuple[tuple[str, str], ...], task: pb.Task, question_id: str, answer: str
+) -> None:
+    """A finished task's question takes no answer (403 TASK_FINISHED), except the very answer it
+    already has: repeating a saved answer stays idempotent."""
+    try:
+        reply = await backends.pending.GetQuestion(
+            pending_pb.GetQuestionRequest(question_id=question_id), timeout=backends.timeout_s, metadata=metadata
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+    else:
+        q = reply.question
+        if q.task_id == task.task_id and q.state == pending_pb.QUESTION_STATE_ANSWERED and q.answer == answer:
+            return
+    raise ApiError(403, "TASK_FINISHED", "the task has finished; its question takes no answer")
+
+
 def _backends(request: Request) -> Backends:
     return request.app.state.backends  # type: ignore[no-any-return]
 
@@ -166,6 +188,32 @@ async def cancel_task(
     return JSONResponse({"task": {"taskId": snapshot["taskId"], "state": snapshot["state"]}})
 
 
+@router.post("/tasks/{taskId}/pause", response_model=TaskEnvelope, responses=responses(404))
+async def pause_task(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
+    """Stop the worker with the same proof as a cancel and keep the task ``paused`` (not terminal),
+    with its open question and pending snapshot: ``cancel_requested`` while stopping."""
+    caller.require_tool("task_cancel")
+    await owned_task(request, caller, taskId)
+    backends = _backends(request)
+    reply = await backends.scheduler.PauseTask(
+        pb.PauseTaskRequest(task_id=taskId), timeout=backends.timeout_s + 5, metadata=request_metadata(request)
+    )
+    return JSONResponse({"task": task_json(reply.task)})
+
+
+@router.post("/tasks/{taskId}/resume", response_model=TaskEnvelope, responses=responses(404))
+async def resume_task(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
+    """Queue a paused task again: its worker starts with ``TASKGATE_RESUME=1`` and the last progress.
+    A task in any other state is returned unchanged."""
+    caller.require_tool("task_cancel")
+    await owned_task(request, caller, taskId)
+    backends = _backends(request)
+    reply = await backends.scheduler.ResumeTask(
+        pb.ResumeTaskRequest(task_id=taskId), timeout=backends.timeout_s, metadata=request_metadata(request)
+    )
+    return JSONResponse({"task": task_json(reply.task)})
+
+
 @router.post("/tasks/{taskId}/retry-cleanup", response_model=TaskEnvelope, responses=responses(404))
 async def retry_cleanup(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
     """Look again for proof that a ``needs_reconciliation`` task's processes are gone."""
@@ -186,8 +234,11 @@ async def answer_question(
     caller.require_tool("task_answer")
     if not body.answer.strip():
         raise ApiError(400, "EMPTY_ANSWER", "answer must not be empty")
-    await owned_task(request, caller, taskId)
+    task = await owned_task(request, caller, taskId)
     backends = _backends(request)
+    if task.state in FINISHED:
+        await check_replayed_answer(backends, request_metadata(request), task, body.questionId, body.answer)
+        return JSONResponse({"task": task_json(task)})
     try:
         await backends.pending.AnswerQuestion(
             pending_pb.AnswerQuestionRequest(

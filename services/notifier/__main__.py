@@ -47,7 +47,7 @@ async def main() -> None:
     scheduler_channel = aio_channel(settings.scheduler_addr, ClientSecurity.for_identity(settings, "notifier"))
     scheduler = scheduler_pb2_grpc.SchedulerServiceStub(scheduler_channel)
     http = httpx.AsyncClient(follow_redirects=False)
-    deliverer = Deliverer(store, settings.notifier, dict(settings.channels), clock, http)
+    deliverer = Deliverer(store, settings.notifier, dict(settings.channels), clock, http, settings.http_addr)
     servicer = NotifierServicer(
         store,
         ActivityHub(),
@@ -55,6 +55,8 @@ async def main() -> None:
         channel_of=lambda agent_id: settings.agent(agent_id).channel,
         session_tasks=SchedulerSessionTasks(scheduler, settings.rpc_timeout_ms / 1000),
         wake_delivery=deliverer.wake,
+        reminder_base_ms=settings.notifier.question_reminder_ms,
+        snooze_ms=settings.notifier.question_snooze_ms,
     )
     follower = EventLogFollower(scheduler, servicer, store)
     loops: list[asyncio.Task[None]] = []

@@ -14,7 +14,7 @@ from services.notifier.domain import (
     Response,
     State,
 )
-from services.notifier.store import Frame
+from services.notifier.store import Frame, QuestionView
 from taskgate.notifier.v1 import notifier_pb2 as pb
 
 KIND_TO_PB = {
@@ -102,3 +102,16 @@ def frame_to_pb(f: Frame) -> pb.StreamActivityResponse:
         return pb.StreamActivityResponse(sequence=f.seq, snapshot=snap)
     assert f.notification is not None
     return pb.StreamActivityResponse(sequence=f.seq, notification=notification_to_pb(f.notification))
+
+
+def question_to_pb(q: QuestionView) -> pb.QuestionReminders:
+    out = pb.QuestionReminders(
+        question_id=q.question_id,
+        task_id=q.task_id,
+        state=q.state.value,
+        muted=q.muted,
+        reminders_sent=q.reminders_sent,
+    )
+    if q.snoozed_until is not None:
+        out.snooze_until_time.FromMilliseconds(q.snoozed_until)
+    return out

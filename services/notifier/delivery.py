@@ -64,7 +64,9 @@ class Deliverer:
         channels: dict[str, ChannelConfig],
         clock: Clock,
         http: httpx.AsyncClient,
+        gateway_http_addr: str = "127.0.0.1:8080",
     ) -> None:
+        self.gateway_http_addr = gateway_http_addr
         self.store = store
         self.settings = settings
         self.channels = channels
@@ -145,7 +147,10 @@ class Deliverer:
             }
             try:
                 reply = await self.http.post(
-                    channel.url, content=body, headers=headers, timeout=self.settings.delivery_timeout_ms / 1000
+                    channel.delivery_url(n.channel, self.gateway_http_addr),
+                    content=body,
+                    headers=headers,
+                    timeout=self.settings.delivery_timeout_ms / 1000,
                 )
                 status = reply.status_code
                 retry_after = reply.headers.get("retry-after")

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from pydantic import BaseModel
@@ -28,6 +28,10 @@ class InvalidArgument(errors.InvalidArgument):
 
 class NotFound(errors.NotFound):
     pass
+
+
+class QuestionClosed(errors.FailedPrecondition):
+    """Snooze or mute of a question that was answered, replaced or closed."""
 
 
 class ResponseFinal(errors.Aborted):
@@ -210,8 +214,8 @@ def plan_notification(fact: TaskFact) -> Planned | None:
     question (per question id), whatever replays the event.
     """
     if fact.event_type == "task.question" and fact.question_id:
-        text = f'Task "{fact.title}" asks: {fact.question_text}'
-        return Planned(Kind.TASK_QUESTION, f"{fact.task_id}:question:{fact.question_id}", _clip(text), fact.question_id)
+        text = question_text(fact.title, fact.question_text, fact.question_id)
+        return Planned(Kind.TASK_QUESTION, f"{fact.task_id}:question:{fact.question_id}", text, fact.question_id)
     if fact.event_type != "task.state_changed" or fact.state not in ENDING_KINDS:
         return None
     kind = ENDING_KINDS[fact.state]
@@ -327,3 +331,100 @@ def is_unbacked_promise(follow_up: FollowUp, tasks: Iterable[SessionTask], turn_
     if follow_up != FollowUp.CONTINUES:
         return False
     return not any(t.state in BACKING_STATES or t.created_at >= turn_started_at for t in tasks)
+
+
+# --- questions and contextual reminders ---------------------------------------
+
+# A reminder needs this many user messages since the question (or its last reminder).
+REMINDER_MESSAGES = 3
+# Cooldown multipliers of question_reminder_ms: first, second, then every later reminder.
+REMINDER_COOLDOWNS = (1, 3, 6)
+SNOOZE_MS = 3_600_000
+
+
+class QuestionState(StrEnum):
+    OPEN = "open"
+    ANSWERED = "answered"  # the task moved on (it left waiting_input)
+    REPLACED = "replaced"
+    CLOSED = "closed"  # the task ended
+
+
+@dataclass(frozen=True)
+class QuestionReminders:
+    """What the reminder rule needs of one question; stored with it."""
+
+    asked_at: int
+    state: QuestionState = QuestionState.OPEN
+    messages_since: int = 0
+    reminders_sent: int = 0
+    last_reminded_at: int | None = None
+    snoozed_until: int | None = None
+    muted: bool = False
+
+
+def reminder_cooldown_ms(reminders_sent: int, base_ms: int) -> int:
+    """1×, 3×, then 6× the base for the first, second and later reminders."""
+    return REMINDER_COOLDOWNS[min(reminders_sent, len(REMINDER_COOLDOWNS) - 1)] * base_ms
+
+
+def reminder_due(q: QuestionReminders, now_ms: int, base_ms: int) -> bool:
+    """Due after at least 3 user messages since the question (or its last reminder)
+    and the cooldown since then; never for an answered, replaced, muted or snoozed one.
+    Only evaluated when a user message arrives: nothing recurring is scheduled."""
+    if q.state != QuestionState.OPEN or q.muted:
+        return False
+    if q.snoozed_until is not None and now_ms < q.snoozed_until:
+        return False
+    if q.messages_since < REMINDER_MESSAGES:
+        return False
+    since = q.last_reminded_at if q.last_reminded_at is not None else q.asked_at
+    return now_ms - since >= reminder_cooldown_ms(q.reminders_sent, base_ms)
+
+
+def after_user_message(q: QuestionReminders, now_ms: int, base_ms: int) -> tuple[QuestionReminders, bool]:
+    """Count one user message; returns the new state and whether a reminder goes out now."""
+    if q.state != QuestionState.OPEN:
+        return q, False
+    counted = replace(q, messages_since=q.messages_since + 1)
+    if not reminder_due(counted, now_ms, base_ms):
+        return counted, False
+    return replace(counted, messages_since=0, reminders_sent=q.reminders_sent + 1, last_reminded_at=now_ms), True
+
+
+def snooze(q: QuestionReminders, now_ms: int, snooze_ms: int = SNOOZE_MS) -> QuestionReminders:
+    return replace(q, snoozed_until=now_ms + snooze_ms)
+
+
+def mute(q: QuestionReminders) -> QuestionReminders:
+    return replace(q, muted=True)
+
+
+def how_to_answer(question_id: str) -> str:
+    return f"Answer with: /task_question {question_id} answer <text>\n(or /task_question {question_id} snooze | mute)"
+
+
+def question_text(title: str, question: str, question_id: str, replaces: str | None = None) -> str:
+    head = f'Task "{title}" asks: {question}'
+    if replaces:
+        head += f"\n(This replaces question {replaces}, which no longer takes an answer.)"
+    return _clip(f"{head}\n\nquestionId: {question_id}\n{how_to_answer(question_id)}")
+
+
+def reminder_text(title: str, question: str, question_id: str, reminders_sent: int) -> str:
+    return _clip(
+        f'Reminder ({reminders_sent}): task "{title}" still waits for an answer: {question}\n\n'
+        f"questionId: {question_id}\n{how_to_answer(question_id)}"
+    )
+
+
+# Task states in which an open question stays open (paused keeps it, seed 000).
+QUESTION_KEEPING_STATES = frozenset({"waiting_input", "paused", "recovering", "queued"})
+
+
+def question_fate(task_state: str) -> QuestionState | None:
+    """What a task state change does to the task's open question (None: nothing)."""
+    if task_state in QUESTION_KEEPING_STATES:
+        return None
+    if task_state in ("running",):
+        return QuestionState.ANSWERED
+    return QuestionState.CLOSED

@@ -11,7 +11,7 @@ import structlog
 from services.notifier import domain
 from services.notifier.domain import Notification, SessionTask, TaskFact
 from services.notifier.servicer import NotifierServicer, new_id
-from services.notifier.store import NotifierStore
+from services.notifier.store import NotifierStore, QuestionFact
 from taskgate.scheduler.v1 import scheduler_pb2 as spb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as spb_grpc
 
@@ -73,7 +73,21 @@ class EventLogFollower:
                 channel=self.servicer.channel_of(fact.agent_id),
                 key=planned.key,
             )
-        stored, frame = await self.store.record_log_event(CURSOR, event.sequence, n, new_id())
+        question = None
+        if fact.event_type == "task.question" and fact.question_id:
+            question = QuestionFact(
+                question_id=fact.question_id,
+                agent_id=fact.agent_id,
+                session_id=fact.session_id,
+                task_id=fact.task_id,
+                title=fact.title,
+                text=fact.question_text,
+                asked_at=self.servicer.clock.now_ms(),
+            )
+        task_state = (fact.task_id, fact.state) if fact.event_type == "task.state_changed" else None
+        stored, frame = await self.store.record_log_event(
+            CURSOR, event.sequence, n, new_id(), question=question, task_state=task_state
+        )
         self.servicer.after_commit(frame)
         return stored
 

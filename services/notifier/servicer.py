@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
@@ -15,11 +16,13 @@ from libs.clock import Clock, SystemClock
 from services.notifier import convert, domain
 from services.notifier.activity import ActivityHub
 from services.notifier.domain import ConversationEvent, FollowUp, Message, Notification, Response, SessionTask
-from services.notifier.store import Frame, NotifierStore
+from services.notifier.store import Frame, NotifierStore, QuestionView, ReminderRow
 from taskgate.notifier.v1 import notifier_pb2 as pb
 from taskgate.notifier.v1 import notifier_pb2_grpc as pb_grpc
 
 log = structlog.get_logger("notifier")
+
+UUID_HEX = re.compile(r"[0-9a-f]{32}")
 
 
 class SessionTasks(Protocol):
@@ -41,7 +44,11 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
         channel_of: Callable[[str], str | None] = lambda _agent: None,
         session_tasks: SessionTasks | None = None,
         wake_delivery: Callable[[], None] = lambda: None,
+        reminder_base_ms: int = 600_000,
+        snooze_ms: int = domain.SNOOZE_MS,
     ) -> None:
+        self.reminder_base_ms = reminder_base_ms
+        self.snooze_ms = snooze_ms
         self.store = store
         self.hub = hub or ActivityHub()
         self.clock = clock or SystemClock()
@@ -220,10 +227,51 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
             created_at=now,
             completed_at=now,
         )
-        stored, updates = await self.store.add_user_message(message)
+        stored, updates, frames = await self.store.add_user_message(message, self.reminder_base_ms, self._reminder_for)
+        for frame in frames:
+            self.after_commit(frame)
         return pb.CreateMessageResponse(
             message=convert.message_to_pb(stored), pending_updates=[convert.notification_to_pb(n) for n in updates]
         )
+
+    def _reminder_for(self, q: ReminderRow, count: int) -> Notification:
+        """The reminder notification of a question (built inside the message's transaction)."""
+        return Notification(
+            notification_id=new_id(),
+            agent_id=q.agent_id,
+            session_id=q.session_id,
+            kind=domain.Kind.REMINDER,
+            task_id=q.task_id,
+            question_id=q.question_id,
+            text=domain.reminder_text(q.title, q.text, q.question_id, count),
+            created_at=self.clock.now_ms(),
+            channel=self.channel_of(q.agent_id),
+            key=f"{q.question_id}:reminder:{count}",
+        )
+
+    # --- questions -----------------------------------------------------------------
+
+    async def _question_preference(self, agent_id: str, session_id: str, question_id: str, action: str) -> QuestionView:
+        domain.validate_conversation(agent_id, session_id)
+        if not UUID_HEX.fullmatch(question_id or ""):
+            raise domain.InvalidArgument("INVALID_ID", "questionId must be 32 hex digits", field="questionId")
+        view = await self.store.set_question_preference(
+            agent_id, session_id, question_id, action, self.clock.now_ms(), self.snooze_ms
+        )
+        log.info("question_" + action + "d", question_id=question_id, task_id=view.task_id)
+        return view
+
+    async def SnoozeQuestion(
+        self, request: pb.SnoozeQuestionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SnoozeQuestionResponse:
+        view = await self._question_preference(request.agent_id, request.session_id, request.question_id, "snooze")
+        return pb.SnoozeQuestionResponse(question=convert.question_to_pb(view))
+
+    async def MuteQuestion(
+        self, request: pb.MuteQuestionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MuteQuestionResponse:
+        view = await self._question_preference(request.agent_id, request.session_id, request.question_id, "mute")
+        return pb.MuteQuestionResponse(question=convert.question_to_pb(view))
 
     async def ListConversationEvents(
         self, request: pb.ListConversationEventsRequest, context: grpc.aio.ServicerContext

@@ -26,6 +26,8 @@ from services.notifier.domain import (
     Message,
     Notification,
     Outcome,
+    QuestionReminders,
+    QuestionState,
     Response,
     State,
 )
@@ -86,6 +88,21 @@ MIGRATIONS = [
             " kind VARCHAR(64) NOT NULL, at BIGINT NOT NULL, data TEXT NOT NULL)",
             "CREATE INDEX ix_conversation_events ON conversation_events (agent_id, session_id, id)",
             "CREATE TABLE follow_cursors (name VARCHAR(64) PRIMARY KEY, sequence BIGINT NOT NULL)",
+        ],
+    ),
+    Migration(
+        3,
+        "task questions with their reminder state and preferences",
+        [
+            # Named apart from the pending-registry's `questions` (one SQLModel metadata per process).
+            "CREATE TABLE question_reminders ("
+            " question_id VARCHAR(32) PRIMARY KEY, agent_id VARCHAR(128) NOT NULL,"
+            " session_id VARCHAR(128) NOT NULL, task_id VARCHAR(128) NOT NULL, title TEXT NOT NULL,"
+            " text TEXT NOT NULL, state VARCHAR(16) NOT NULL, asked_at BIGINT NOT NULL,"
+            " messages_since INTEGER NOT NULL, reminders_sent INTEGER NOT NULL,"
+            " last_reminded_at BIGINT, snoozed_until BIGINT, muted BOOLEAN NOT NULL)",
+            "CREATE INDEX ix_question_reminders_open ON question_reminders (agent_id, session_id, state)",
+            "CREATE INDEX ix_question_reminders_task ON question_reminders (task_id, state)",
         ],
     ),
 ]
@@ -168,6 +185,71 @@ class EventRow(SQLModel, table=True):
     kind: str
     at: int = Field(sa_type=BigInteger)
     data: str
+
+
+class ReminderRow(SQLModel, table=True):
+    __tablename__ = "question_reminders"
+    question_id: str = Field(primary_key=True)
+    agent_id: str
+    session_id: str
+    task_id: str
+    title: str
+    text: str
+    state: str
+    asked_at: int = Field(sa_type=BigInteger)
+    messages_since: int = 0
+    reminders_sent: int = 0
+    last_reminded_at: int | None = Field(default=None, sa_type=BigInteger)
+    snoozed_until: int | None = Field(default=None, sa_type=BigInteger)
+    muted: bool = False
+
+    def reminders(self) -> QuestionReminders:
+        return QuestionReminders(
+            asked_at=self.asked_at,
+            state=QuestionState(self.state),
+            messages_since=self.messages_since,
+            reminders_sent=self.reminders_sent,
+            last_reminded_at=self.last_reminded_at,
+            snoozed_until=self.snoozed_until,
+            muted=self.muted,
+        )
+
+    def apply(self, q: QuestionReminders) -> None:
+        self.state = q.state.value
+        self.messages_since = q.messages_since
+        self.reminders_sent = q.reminders_sent
+        self.last_reminded_at = q.last_reminded_at
+        self.snoozed_until = q.snoozed_until
+        self.muted = q.muted
+
+
+@dataclass(frozen=True)
+class QuestionFact:
+    """A question as the event log reported it."""
+
+    question_id: str
+    agent_id: str
+    session_id: str
+    task_id: str
+    title: str
+    text: str
+    asked_at: int
+
+
+@dataclass(frozen=True)
+class QuestionView:
+    question_id: str
+    task_id: str
+    state: QuestionState
+    snoozed_until: int | None
+    muted: bool
+    reminders_sent: int
+
+
+def _question_view(row: ReminderRow) -> QuestionView:
+    return QuestionView(
+        row.question_id, row.task_id, QuestionState(row.state), row.snoozed_until, row.muted, row.reminders_sent
+    )
 
 
 class CursorRow(SQLModel, table=True):
@@ -359,9 +441,21 @@ class NotifierStore:
         return await self.db.run(lambda s: self._insert_notification(s, n, message_id))
 
     async def record_log_event(
-        self, cursor_name: str, sequence: int, n: Notification | None, message_id: str
+        self,
+        cursor_name: str,
+        sequence: int,
+        n: Notification | None,
+        message_id: str,
+        question: QuestionFact | None = None,
+        task_state: tuple[str, str] | None = None,
     ) -> tuple[Notification | None, Frame | None]:
-        """Advance the event-log cursor and create the event's notification, in one transaction."""
+        """Advance the event-log cursor, track the task's question and create the event's
+        notification, in one transaction.
+
+        ``question``: a question was asked (an earlier open one of the task is replaced,
+        and the notification says so); ``task_state``: (task id, state) of a state change,
+        which may answer or close the task's open question.
+        """
 
         def work(s: Session) -> tuple[Notification | None, Frame | None]:
             row = s.get(CursorRow, cursor_name)
@@ -370,9 +464,102 @@ class NotifierStore:
             elif sequence > row.sequence:
                 row.sequence = sequence
                 s.add(row)
-            if n is None:
+            note = n
+            if question is not None:
+                note = self._track_question(s, question, n)
+            if task_state is not None:
+                fate = domain.question_fate(task_state[1])
+                if fate is not None:
+                    for q in self._open_questions_of_task(s, task_state[0]):
+                        q.state = fate.value
+                        s.add(q)
+            if note is None:
                 return None, None
-            return self._insert_notification(s, n, message_id)
+            return self._insert_notification(s, note, message_id)
+
+        return await self.db.run(work)
+
+    # --- questions and reminders -------------------------------------------------
+
+    @staticmethod
+    def _open_questions_of_task(s: Session, task_id: str) -> list[ReminderRow]:
+        return list(
+            s.exec(
+                select(ReminderRow).where(
+                    ReminderRow.task_id == task_id, col(ReminderRow.state) == QuestionState.OPEN.value
+                )
+            ).all()
+        )
+
+    def _track_question(self, s: Session, q: QuestionFact, n: Notification | None) -> Notification | None:
+        if s.get(ReminderRow, q.question_id) is not None:
+            return n  # a replayed event: the notification's key makes it a no-op too
+        replaced = [r for r in self._open_questions_of_task(s, q.task_id) if r.question_id != q.question_id]
+        for r in replaced:
+            r.state = QuestionState.REPLACED.value
+            s.add(r)
+        s.add(
+            ReminderRow(
+                question_id=q.question_id,
+                agent_id=q.agent_id,
+                session_id=q.session_id,
+                task_id=q.task_id,
+                title=q.title,
+                text=q.text,
+                state=QuestionState.OPEN.value,
+                asked_at=q.asked_at,
+            )
+        )
+        if n is not None and replaced:
+            text = domain.question_text(q.title, q.text, q.question_id, replaces=replaced[-1].question_id)
+            n = n.model_copy(update={"text": text})
+        return n
+
+    def _user_message_reminders(self, s: Session, message: Message, base_ms: int, make: Any) -> list[Frame]:
+        """Count the message for each open question of the conversation; remind those now due."""
+        rows = s.exec(
+            select(ReminderRow)
+            .where(
+                *_conversation(ReminderRow, message.agent_id, message.session_id),
+                col(ReminderRow.state) == QuestionState.OPEN.value,
+            )
+            .order_by(col(ReminderRow.asked_at))
+            .with_for_update()
+        ).all()
+        frames: list[Frame] = []
+        for row in rows:
+            updated, due = domain.after_user_message(row.reminders(), message.created_at, base_ms)
+            row.apply(updated)
+            s.add(row)
+            if due:
+                reminder: Notification = make(row, updated.reminders_sent)
+                _, frame = self._insert_notification(s, reminder, reminder.notification_id)
+                if frame is not None:
+                    frames.append(frame)
+        return frames
+
+    async def set_question_preference(
+        self, agent_id: str, session_id: str, question_id: str, action: str, now_ms: int, snooze_ms: int
+    ) -> QuestionView:
+        """Snooze (defer reminders) or mute (silence) one question of the conversation."""
+
+        def work(s: Session) -> QuestionView:
+            row = s.exec(select(ReminderRow).where(ReminderRow.question_id == question_id).with_for_update()).first()
+            if row is None or row.agent_id != agent_id or row.session_id != session_id:
+                raise domain.NotFound("QUESTION_NOT_FOUND", f"no question {question_id} in this session")
+            if row.state != QuestionState.OPEN.value:
+                raise domain.QuestionClosed("QUESTION_CLOSED", f"question {question_id} is {row.state}")
+            q = row.reminders()
+            row.apply(domain.snooze(q, now_ms, snooze_ms) if action == "snooze" else domain.mute(q))
+            s.add(row)
+            return _question_view(row)
+
+        return await self.db.run(work)
+
+    async def get_question(self, question_id: str) -> QuestionView | None:
+        def work(s: Session) -> QuestionView | None:
+            row = s.get(ReminderRow, question_id)
+            return _question_view(row) if row else None
 
         return await self.db.run(work)
 
@@ -610,10 +797,16 @@ class NotifierStore:
 
         return await self.db.run(work)
 
-    async def add_user_message(self, message: Message) -> tuple[Message, list[Notification]]:
-        """Record a user message; the stopped, not yet consumed notifications are this turn's pending updates."""
+    async def add_user_message(
+        self, message: Message, reminder_base_ms: int = 600_000, make_reminder: Any = None
+    ) -> tuple[Message, list[Notification], list[Frame]]:
+        """Record a user message; the stopped, not yet consumed notifications are this turn's pending updates.
 
-        def work(s: Session) -> tuple[Message, list[Notification]]:
+        In the same transaction the message counts toward each open question's
+        reminder, and the reminders it makes due are created (their frames returned).
+        """
+
+        def work(s: Session) -> tuple[Message, list[Notification], list[Frame]]:
             s.add(MessageRow(**message.model_dump(exclude={"follow_up"}), sort_at=message.created_at))
             rows = s.exec(
                 select(NotificationRow)
@@ -629,7 +822,8 @@ class NotifierStore:
             for r in rows:
                 r.consumed_at = message.created_at
                 s.add(r)
-            return message, updates
+            frames = self._user_message_reminders(s, message, reminder_base_ms, make_reminder) if make_reminder else []
+            return message, updates, frames
 
         return await self.db.run(work)
 

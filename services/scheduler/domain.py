@@ -56,6 +56,8 @@ class State(StrEnum):
     CANCELLED = "cancelled"
     NEEDS_RECONCILIATION = "needs_reconciliation"
     RECOVERING = "recovering"
+    # The worker stopped with proof; question and pending snapshot kept; `resume` re-queues it.
+    PAUSED = "paused"
 
 
 TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED})
@@ -66,7 +68,14 @@ _ALLOWED: dict[State, frozenset[State]] = {
     # cancel_requested / needs_reconciliation: a launch an earlier incarnation did not
     # commit `running`, whose worker may still live.
     State.QUEUED: frozenset(
-        {State.RUNNING, State.CANCELLED, State.FAILED, State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION}
+        {
+            State.RUNNING,
+            State.CANCELLED,
+            State.FAILED,
+            State.CANCEL_REQUESTED,
+            State.NEEDS_RECONCILIATION,
+            State.PAUSED,
+        }
     ),
     State.RUNNING: frozenset(
         {
@@ -90,9 +99,13 @@ _ALLOWED: dict[State, frozenset[State]] = {
             State.QUEUED,
         }
     ),
-    State.CANCEL_REQUESTED: frozenset({State.CANCELLED, State.NEEDS_RECONCILIATION, State.RECOVERING}),
-    State.NEEDS_RECONCILIATION: frozenset({State.CANCELLED, State.FAILED, State.QUEUED}),
-    State.RECOVERING: frozenset({State.QUEUED, State.NEEDS_RECONCILIATION, State.FAILED, State.CANCELLED}),
+    # cancel_requested also carries a pause while its worker is being stopped.
+    State.CANCEL_REQUESTED: frozenset({State.CANCELLED, State.NEEDS_RECONCILIATION, State.RECOVERING, State.PAUSED}),
+    State.NEEDS_RECONCILIATION: frozenset({State.CANCELLED, State.FAILED, State.QUEUED, State.PAUSED}),
+    State.RECOVERING: frozenset(
+        {State.QUEUED, State.NEEDS_RECONCILIATION, State.FAILED, State.CANCELLED, State.PAUSED}
+    ),
+    State.PAUSED: frozenset({State.QUEUED, State.CANCELLED}),
     State.COMPLETED: frozenset(),
     State.FAILED: frozenset(),
     State.CANCELLED: frozenset(),
@@ -584,6 +597,8 @@ def stop_outcome(why: str, task: Task, message: str) -> PendingOutcome:
     """
     if why == "cancel":
         return PendingOutcome(state=State.CANCELLED)
+    if why == "pause":
+        return PendingOutcome(state=State.PAUSED)
     if why == "background":
         text = task.result.text if task.result else ""
         return PendingOutcome(state=State.COMPLETED, result=Result(text=text, unresolved_background=True))
@@ -606,6 +621,8 @@ def settle(task: Task, outcome: PendingOutcome, now: int) -> bool:
     if outcome.state == State.QUEUED:
         assert outcome.failure is not None
         resume_after_interruption(task, now, outcome.failure.message)
+    elif outcome.state == State.PAUSED:
+        pause(task, now)
     else:
         end_task(task, outcome.state, now, failure=outcome.failure, result=outcome.result)
     return True
@@ -636,6 +653,8 @@ def interrupted_outcome() -> PendingOutcome:
 
 def recovery_outcome(task: Task) -> PendingOutcome:
     """What start-up recovery settles a left-over task to: a cancel in flight still cancels."""
+    if task.cancellation is not None and task.cancellation.cause == PAUSE_CAUSE:
+        return PendingOutcome(state=State.PAUSED)  # a pause in flight still pauses
     if task.state == State.CANCEL_REQUESTED or task.cancellation:
         return PendingOutcome(state=State.CANCELLED)
     return interrupted_outcome()
@@ -668,6 +687,43 @@ def cancel_at_once(task: Task, cancellation: Cancellation, now: int) -> Task:
 def request_cancel(task: Task, cancellation: Cancellation, now: int) -> Task:
     task.state = State.CANCEL_REQUESTED
     task.cancellation = cancellation
+    task.updated_at = now
+    return task
+
+
+PAUSE_CAUSE = "paused"
+
+
+def pause(task: Task, now: int) -> Task:
+    """The worker is proven stopped: keep the question (and, in the registry, the pending
+    snapshot); the next launch resumes (TASKGATE_RESUME=1, the last progress). A pause is
+    asked for by a person, so it uses none of the revision's automatic resumes."""
+    previous = task.restart_resume
+    last_progress = task.progress.text if task.progress else (previous.last_progress if previous else None)
+    task.state = State.PAUSED
+    task.updated_at = now
+    task.inspection = None
+    task.pending_outcome = None
+    task.restart_resume = RestartResume(
+        count=previous.count if previous else 0,
+        revision=previous.revision if previous else 1,
+        pending=True,
+        last_progress=last_progress,
+    )
+    return task
+
+
+def pause_is_noop(task: Task) -> bool:
+    """Finished, already paused, or a stop already under way: returned unchanged."""
+    return cancel_is_noop(task) or task.state == State.PAUSED
+
+
+def resume(task: Task, now: int) -> Task | None:
+    """Re-queue a paused task (anything else is left as it is)."""
+    if task.state != State.PAUSED:
+        return None
+    task.state = State.QUEUED
+    task.cancellation = None
     task.updated_at = now
     return task
 

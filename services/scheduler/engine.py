@@ -158,6 +158,12 @@ class Engine:
     ) -> Task:
         return await self.stopper.cancel(task_id, cause, replaced_by, wait_s)
 
+    async def pause(self, task_id: str, wait_s: float = 0.0) -> Task:
+        return await self.stopper.pause(task_id, wait_s)
+
+    async def resume(self, task_id: str) -> Task:
+        return await self.stopper.resume(task_id)
+
     async def retry_cleanup(self, task_id: str) -> Task:
         return await self.stopper.retry_cleanup(task_id)
 

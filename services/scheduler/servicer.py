@@ -72,6 +72,19 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         )
         return pb.CancelTaskResponse(task=convert.task_to_pb(task, self._now()))
 
+    async def PauseTask(self, request: pb.PauseTaskRequest, context: grpc.aio.ServicerContext) -> pb.PauseTaskResponse:
+        if request.wait_ms < 0:
+            raise domain.InvalidArgument("INVALID_WAIT", "wait_ms must be 0 or more", field="wait_ms")
+        wait_s = min(request.wait_ms, 60_000) / 1000 if request.wait_ms else CANCEL_ANSWER_WAIT_S
+        task = await self.engine.pause(request.task_id, wait_s=wait_s)
+        return pb.PauseTaskResponse(task=convert.task_to_pb(task, self._now()))
+
+    async def ResumeTask(
+        self, request: pb.ResumeTaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResumeTaskResponse:
+        task = await self.engine.resume(request.task_id)
+        return pb.ResumeTaskResponse(task=convert.task_to_pb(task, self._now()))
+
     async def RetryCleanup(
         self, request: pb.RetryCleanupRequest, context: grpc.aio.ServicerContext
     ) -> pb.RetryCleanupResponse:

@@ -58,7 +58,7 @@ class Stopper:
     async def stop_and_settle(self, live: LiveAttempt, why: str, message: str) -> Task:
         """Stop an attempt's tree; settle the task by what could be proven.
 
-        ``why``: cancel | stalled | max_duration | no_first_report | background | shutdown.
+        ``why``: cancel | pause | stalled | max_duration | no_first_report | background | shutdown.
         """
         rt = self.rt
         task_id = live.attempt.task_id
@@ -93,32 +93,59 @@ class Stopper:
         wait_s: float = 0.0,
     ) -> Task:
         """Request a cancel; returns the task (cancelled, cancel_requested or unchanged)."""
-        rt = self.rt
         domain.validate_task_id(task_id)
         if replaced_by:
             domain.validate_task_id(replaced_by)
-        cause = domain.validate_cause(cause)
+        return await self._stop_request(task_id, domain.validate_cause(cause), replaced_by, wait_s, "cancel")
+
+    async def pause(self, task_id: str, wait_s: float = 0.0) -> Task:
+        """Stop the worker with the same proof as a cancel, and leave the task ``paused``
+        (not terminal): its question and pending snapshot are kept (returns it paused,
+        cancel_requested while stopping, or unchanged)."""
+        domain.validate_task_id(task_id)
+        return await self._stop_request(task_id, domain.PAUSE_CAUSE, None, wait_s, "pause")
+
+    async def resume(self, task_id: str) -> Task:
+        """A paused task is queued again; its next attempt gets TASKGATE_RESUME=1."""
+        rt = self.rt
+        domain.validate_task_id(task_id)
+        now = rt.clock.now_ms()
+        async with rt.locks[task_id]:
+            task, stored = await rt.store.update_task(
+                task_id, lambda t: domain.resume(t, now), "task.state_changed", now
+            )
+            rt.published(stored, task)
+        rt.wake.set()
+        return task
+
+    async def _stop_request(self, task_id: str, cause: str, replaced_by: str | None, wait_s: float, why: str) -> Task:
+        rt = self.rt
         now = rt.clock.now_ms()
         async with rt.locks[task_id]:
             task = await rt.store.get_task(task_id)
-            if domain.cancel_is_noop(task):
+            if domain.cancel_is_noop(task) or (why == "pause" and domain.pause_is_noop(task)):
                 return task
             cancellation = Cancellation(requested_at=now, cause=cause, replaced_by_task_id=replaced_by)
             live = rt.live.get(task_id)
             if live is None:
                 # Not launched by this incarnation: stop what the last attempt recorded
-                # (for a queued task: a launch an earlier incarnation did not finish).
+                # (for a queued task: a launch an earlier incarnation did not finish; a
+                # paused one was proven stopped already).
                 attempts = await rt.store.attempts_of(task_id)
-                if attempts and (task.state != State.QUEUED or attempts[-1].state == "launching"):
+                idle = task.state in (State.QUEUED, State.PAUSED)
+                if attempts and (not idle or attempts[-1].state == "launching"):
                     live = LiveAttempt(
                         attempt=attempts[-1],
                         profile=rt.settings.workers.get(task.profile, WorkerProfile(command=["unknown"])),
                     )
             if live is None:
-                # Queued (or never launched): nothing runs, so nothing to prove.
-                task, stored = await rt.store.update_task(
-                    task_id, lambda t: domain.cancel_at_once(t, cancellation, now), "task.state_changed", now
-                )
+                # Queued, paused or never launched: nothing runs, so nothing to prove.
+                def at_once(t: Task) -> Task:
+                    if why == "pause":
+                        return domain.pause(t, now)
+                    return domain.cancel_at_once(t, cancellation, now)
+
+                task, stored = await rt.store.update_task(task_id, at_once, "task.state_changed", now)
                 rt.published(stored, task)
                 return task
             task, stored = await rt.store.update_task(
@@ -126,7 +153,8 @@ class Stopper:
             )
             rt.published(stored, task)
             live.stopping = True
-            stopper = rt.spawn(self.stop_and_settle(live, "cancel", f"cancelled ({cause})"))
+            verb = "paused" if why == "pause" else f"cancelled ({cause})"
+            stopper = rt.spawn(self.stop_and_settle(live, why, verb))
         if wait_s > 0:
             done, _ = await asyncio.wait({stopper}, timeout=wait_s)
             if done:

@@ -245,3 +245,93 @@ async def test_live_only_streams_mark_readiness_and_replay_is_a_call(h: Harness)
         pb.ReplayActivityRequest(agent_id="a", session_id="s", after_sequence=live.sequence - 1)
     )
     assert [f.sequence for f in resumed.frames] == [live.sequence] and resumed.resumed
+
+
+# --- questions and reminders --------------------------------------------------------
+
+QID, QID2 = "1" * 32, "2" * 32
+
+
+def question_event(sequence: int, question_id: str, task_id: str = "t1") -> spb.WatchTasksResponse:
+    return spb.WatchTasksResponse(
+        sequence=sequence,
+        type=spb.TASK_EVENT_TYPE_QUESTION,
+        task=spb.Task(
+            task_id=task_id,
+            agent_id="a",
+            session_id="s",
+            title="Build",
+            state=spb.TASK_STATE_WAITING_INPUT,
+            pending_question=spb.PendingQuestion(question_id=question_id, text="Which DB?", revision=1),
+        ),
+    )
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+async def say(h: Harness, n: int) -> list[pb.Notification]:
+    """n user messages; the reminders they made, from the notification list."""
+    for _ in range(n):
+        await h.stub.CreateMessage(pb.CreateMessageRequest(agent_id="a", session_id="s", text="hi"))
+    page = await h.stub.ListNotifications(pb.ListNotificationsRequest(agent_id="a", session_id="s", page_size=100))
+    return [n for n in page.notifications if n.kind == pb.NOTIFICATION_KIND_REMINDER]
+
+
+async def test_reminders_follow_messages_and_cooldowns_and_mute_survives_a_restart(h: Harness, tmp_path: Path) -> None:
+    clock = FakeClock()
+    h.servicer.clock = clock
+    h.servicer.reminder_base_ms = 1000
+    follower = EventLogFollower(None, h.servicer, h.store)  # type: ignore[arg-type]
+    asked = await follower.handle(question_event(1, QID))
+    assert asked is not None and f"/task_question {QID} answer" in asked.text
+    assert await say(h, 3) == []  # three messages, cooldown not yet passed
+    clock.now += 1000
+    reminders = await say(h, 1)
+    assert len(reminders) == 1 and reminders[0].question_id == QID and "Reminder (1)" in reminders[0].text
+    # The second needs 3 more messages and 3x the base.
+    clock.now += 2999
+    assert len(await say(h, 3)) == 1
+    clock.now += 1
+    assert len(await say(h, 1)) == 2
+    # Mute; a new store on the same database (a restart) keeps it.
+    await h.stub.MuteQuestion(pb.MuteQuestionRequest(agent_id="a", session_id="s", question_id=QID))
+    h.servicer.store = NotifierStore(Database(f"sqlite:///{tmp_path / 'n.db'}", MIGRATIONS), retention_frames=5)
+    clock.now += 100_000
+    assert len(await say(h, 5)) == 2
+
+
+async def test_snooze_defers_and_answered_or_replaced_questions_never_remind(h: Harness) -> None:
+    clock = FakeClock()
+    h.servicer.clock = clock
+    h.servicer.reminder_base_ms = 1000
+    h.servicer.snooze_ms = 50_000
+    follower = EventLogFollower(None, h.servicer, h.store)  # type: ignore[arg-type]
+    await follower.handle(question_event(1, QID))
+    snoozed = await h.stub.SnoozeQuestion(pb.SnoozeQuestionRequest(agent_id="a", session_id="s", question_id=QID))
+    assert snoozed.question.snooze_until_time.ToMilliseconds() == clock.now + 50_000
+    clock.now += 49_999
+    assert await say(h, 4) == []
+    clock.now += 1
+    assert len(await say(h, 1)) == 1
+    # A new question of the task replaces the old one, and says so.
+    replacing = await follower.handle(question_event(2, QID2))
+    assert replacing is not None and f"replaces question {QID}" in replacing.text
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await h.stub.MuteQuestion(pb.MuteQuestionRequest(agent_id="a", session_id="s", question_id=QID))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # Answered: the task runs again; no reminder however many messages.
+    await follower.handle(task_event(3, spb.TASK_STATE_RUNNING))
+    clock.now += 10_000_000
+    assert len(await say(h, 6)) == 1
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await h.stub.SnoozeQuestion(pb.SnoozeQuestionRequest(agent_id="a", session_id="other", question_id=QID2))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await h.stub.SnoozeQuestion(pb.SnoozeQuestionRequest(agent_id="a", session_id="s", question_id="nope"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -376,3 +376,51 @@ class ReplayActivityResponse(_message.Message):
     frames: _containers.RepeatedCompositeFieldContainer[StreamActivityResponse]
     resumed: bool
     def __init__(self, frames: _Optional[_Iterable[_Union[StreamActivityResponse, _Mapping]]] = ..., resumed: _Optional[bool] = ...) -> None: ...
+
+class QuestionReminders(_message.Message):
+    __slots__ = ("question_id", "task_id", "state", "snooze_until_time", "muted", "reminders_sent")
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SNOOZE_UNTIL_TIME_FIELD_NUMBER: _ClassVar[int]
+    MUTED_FIELD_NUMBER: _ClassVar[int]
+    REMINDERS_SENT_FIELD_NUMBER: _ClassVar[int]
+    question_id: str
+    task_id: str
+    state: str
+    snooze_until_time: _timestamp_pb2.Timestamp
+    muted: bool
+    reminders_sent: int
+    def __init__(self, question_id: _Optional[str] = ..., task_id: _Optional[str] = ..., state: _Optional[str] = ..., snooze_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., muted: _Optional[bool] = ..., reminders_sent: _Optional[int] = ...) -> None: ...
+
+class SnoozeQuestionRequest(_message.Message):
+    __slots__ = ("agent_id", "session_id", "question_id")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_id: str
+    question_id: str
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., question_id: _Optional[str] = ...) -> None: ...
+
+class SnoozeQuestionResponse(_message.Message):
+    __slots__ = ("question",)
+    QUESTION_FIELD_NUMBER: _ClassVar[int]
+    question: QuestionReminders
+    def __init__(self, question: _Optional[_Union[QuestionReminders, _Mapping]] = ...) -> None: ...
+
+class MuteQuestionRequest(_message.Message):
+    __slots__ = ("agent_id", "session_id", "question_id")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    QUESTION_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_id: str
+    question_id: str
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., question_id: _Optional[str] = ...) -> None: ...
+
+class MuteQuestionResponse(_message.Message):
+    __slots__ = ("question",)
+    QUESTION_FIELD_NUMBER: _ClassVar[int]
+    question: QuestionReminders
+    def __init__(self, question: _Optional[_Union[QuestionReminders, _Mapping]] = ...) -> None: ...

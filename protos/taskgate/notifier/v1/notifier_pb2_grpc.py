@@ -86,6 +86,16 @@ class NotifierServiceStub:
                 request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.SerializeToString,
                 response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.FromString,
                 _registered_method=True)
+        self.SnoozeQuestion = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/SnoozeQuestion',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.SnoozeQuestionRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.SnoozeQuestionResponse.FromString,
+                _registered_method=True)
+        self.MuteQuestion = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/MuteQuestion',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionResponse.FromString,
+                _registered_method=True)
 
 
 class NotifierServiceServicer:
@@ -162,6 +172,20 @@ class NotifierServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SnoozeQuestion(self, request, context):
+        """Defers a task question's reminders (one hour, [notifier] question_snooze_ms).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MuteQuestion(self, request, context):
+        """Silences the reminders of one task question.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NotifierServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +238,16 @@ def add_NotifierServiceServicer_to_server(servicer, server):
                     servicer.ReplayActivity,
                     request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.FromString,
                     response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.SerializeToString,
+            ),
+            'SnoozeQuestion': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnoozeQuestion,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.SnoozeQuestionRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.SnoozeQuestionResponse.SerializeToString,
+            ),
+            'MuteQuestion': grpc.unary_unary_rpc_method_handler(
+                    servicer.MuteQuestion,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -488,6 +522,60 @@ class NotifierService:
             '/taskgate.notifier.v1.NotifierService/ReplayActivity',
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityRequest.SerializeToString,
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ReplayActivityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnoozeQuestion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/SnoozeQuestion',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.SnoozeQuestionRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.SnoozeQuestionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MuteQuestion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/MuteQuestion',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionResponse.FromString,
             options,
             channel_credentials,
             insecure,

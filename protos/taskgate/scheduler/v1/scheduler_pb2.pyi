@@ -23,6 +23,7 @@ class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATE_CANCELLED: _ClassVar[TaskState]
     TASK_STATE_NEEDS_RECONCILIATION: _ClassVar[TaskState]
     TASK_STATE_RECOVERING: _ClassVar[TaskState]
+    TASK_STATE_PAUSED: _ClassVar[TaskState]
 
 class ToolStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -55,6 +56,7 @@ TASK_STATE_CANCEL_REQUESTED: TaskState
 TASK_STATE_CANCELLED: TaskState
 TASK_STATE_NEEDS_RECONCILIATION: TaskState
 TASK_STATE_RECOVERING: TaskState
+TASK_STATE_PAUSED: TaskState
 TOOL_STATUS_UNSPECIFIED: ToolStatus
 TOOL_STATUS_RETURNED: ToolStatus
 TOOL_STATUS_ERROR: ToolStatus
@@ -546,3 +548,29 @@ class AwaitAnswerResponse(_message.Message):
     answered: bool
     answer: str
     def __init__(self, answered: _Optional[bool] = ..., answer: _Optional[str] = ...) -> None: ...
+
+class PauseTaskRequest(_message.Message):
+    __slots__ = ("task_id", "wait_ms")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    wait_ms: int
+    def __init__(self, task_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class PauseTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class ResumeTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class ResumeTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...

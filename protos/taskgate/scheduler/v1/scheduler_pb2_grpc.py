@@ -61,6 +61,16 @@ class SchedulerServiceStub:
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryCleanupRequest.SerializeToString,
                 response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryCleanupResponse.FromString,
                 _registered_method=True)
+        self.PauseTask = channel.unary_unary(
+                '/taskgate.scheduler.v1.SchedulerService/PauseTask',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseTaskRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseTaskResponse.FromString,
+                _registered_method=True)
+        self.ResumeTask = channel.unary_unary(
+                '/taskgate.scheduler.v1.SchedulerService/ResumeTask',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeTaskRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeTaskResponse.FromString,
+                _registered_method=True)
         self.WatchTasks = channel.unary_stream(
                 '/taskgate.scheduler.v1.SchedulerService/WatchTasks',
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksRequest.SerializeToString,
@@ -103,6 +113,21 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseTask(self, request, context):
+        """Stops the worker with the same proof as a cancel; the task becomes PAUSED (not
+        terminal) and keeps its question and pending snapshot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeTask(self, request, context):
+        """Re-queues a PAUSED task; its next attempt gets TASKGATE_RESUME=1 and the last progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchTasks(self, request, context):
         """Streams task events (each with the task snapshot after the change) for a
         session or a single task, starting with the current snapshot of each
@@ -139,6 +164,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.RetryCleanup,
                     request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryCleanupRequest.FromString,
                     response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryCleanupResponse.SerializeToString,
+            ),
+            'PauseTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseTask,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseTaskRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseTaskResponse.SerializeToString,
+            ),
+            'ResumeTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeTask,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeTaskRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeTaskResponse.SerializeToString,
             ),
             'WatchTasks': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchTasks,
@@ -283,6 +318,60 @@ class SchedulerService:
             '/taskgate.scheduler.v1.SchedulerService/RetryCleanup',
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryCleanupRequest.SerializeToString,
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RetryCleanupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.SchedulerService/PauseTask',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseTaskRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.SchedulerService/ResumeTask',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeTaskRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,
