@@ -186,10 +186,12 @@ def test_only_a_user_cancel_or_a_real_ending_closes_the_question() -> None:
     def cancelled(cause: str) -> domain.Task:
         return make_task(State.CANCELLED, cancellation=Cancellation(requested_at=T0, cause=cause))
 
-    assert domain.closes_questions(cancelled(domain.USER_CANCELED))
-    assert not domain.closes_questions(cancelled("paused"))
-    assert domain.closes_questions(make_task(State.FAILED))
-    assert not domain.closes_questions(make_task(State.RUNNING))
+    running = make_task(State.RUNNING)
+    assert domain.closes_questions(running, cancelled(domain.USER_CANCELED))
+    assert not domain.closes_questions(running, cancelled("paused"))
+    assert domain.closes_questions(running, make_task(State.FAILED))
+    assert not domain.closes_questions(running, make_task(State.RUNNING))
+    assert not domain.closes_questions(make_task(State.FAILED), make_task(State.FAILED)), "only the ending change"
 
 
 def test_reports_are_taken_while_running_or_while_the_launch_commits() -> None:
