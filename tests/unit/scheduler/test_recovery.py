@@ -27,7 +27,7 @@ async def test_a_worker_that_reported_its_result_and_exited_before_the_crash_is_
     _, attempts = await first.engine.get_task(task.task_id)
     pgid = attempts[-1].pgid or -1
     # A crash, and the worker exits meanwhile (here: is killed), so no one records its exit.
-    for pending in list(first.engine._background):
+    for pending in list(first.engine.runtime.background):
         pending.cancel()
     await first.host.server.stop(0)
     await first.worker_server.stop(0)
@@ -65,7 +65,7 @@ async def test_a_cancel_while_recovering_is_honoured_when_recovery_ends(tmp_path
         answered = await h.engine.cancel(task.task_id)
         assert answered.state == State.RECOVERING and answered.cancellation is not None
         requeue = PendingOutcome(state=State.QUEUED, failure=Failure(code="GATEWAY_SHUTDOWN", message="restart"))
-        settled = await h.engine._settle(task.task_id, requeue, None)
+        settled = await h.engine.settler.settle(task.task_id, requeue, None)
         assert settled.state == State.CANCELLED and settled.cancellation
         assert settled.cancellation.cause == "user_canceled"
     finally:
@@ -123,7 +123,7 @@ class FlakyRegistry:
 async def test_questions_of_a_finished_task_are_closed_through_an_outbox_until_confirmed(tmp_path: Path) -> None:
     h = await start_harness(tmp_path)
     registry = FlakyRegistry(failures=2)
-    h.engine.questions = registry
+    h.engine.questions = h.engine.runtime.questions = registry
     try:
         ended = await h.create("sleeper")
         await h.engine.cancel(ended.task_id)  # queued → cancelled (user_canceled): its questions close
@@ -150,9 +150,9 @@ async def test_reconciliation_finds_a_running_task_of_this_boot_with_no_live_att
         _, attempts = await h.engine.get_task(task.task_id)
         pgid = attempts[-1].pgid or -1
         # The record of the attempt is lost (as after a failed commit): nothing follows it any more.
-        for pending in list(h.engine._background):
+        for pending in list(h.engine.runtime.background):
             pending.cancel()
-        h.engine._forget(h.engine._live[task.task_id])
+        h.engine.runtime.forget(h.engine.runtime.live[task.task_id])
         assert await h.engine.reconcile_once() == 1
         settled = await h.engine.store.get_task(task.task_id)
         assert settled.state == State.QUEUED and settled.restart_resume and settled.restart_resume.count == 1

@@ -172,8 +172,15 @@ def test_cancel_rules(clock: FakeClock) -> None:
     assert domain.validate_cause("") == domain.USER_CANCELED
     with pytest.raises(domain.InvalidArgument):
         domain.validate_cause("not a cause!")
-    for state in (State.COMPLETED, State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION, State.RECOVERING):
+    for state in (State.COMPLETED, State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION):
         assert domain.cancel_is_noop(make_task(state))
+    # A cancel while recovering is recorded, and honoured when recovery settles the task.
+    recovering = make_task(State.RECOVERING)
+    assert not domain.cancel_is_noop(recovering)
+    cancel = Cancellation(requested_at=T0, cause=domain.USER_CANCELED)
+    assert domain.record_cancel_while_recovering(recovering, cancel, T0) is recovering
+    assert recovering.cancellation == cancel and recovering.state == State.RECOVERING
+    assert domain.record_cancel_while_recovering(recovering, cancel, T0) is None, "recorded once"
     assert not domain.cancel_is_noop(make_task(State.QUEUED))
     cancellation = Cancellation(requested_at=clock.now, cause="paused")
     queued = domain.cancel_at_once(make_task(State.QUEUED), cancellation, clock.advance(1))
