@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast bench proto proto-check lint clean
+.PHONY: run test chaos test-fast bench proto proto-check lint clean
 
 # (Re)create the environment when the lock or the project metadata changes.
 $(STAMP): requirements.lock pyproject.toml
@@ -19,6 +19,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Kills every service in turn, SIGTERMs the stack, fills the disk (SQLite and PostgreSQL);
+# prints its figures. Not part of `make test` (the `chaos` marker is deselected there).
+chaos: $(STAMP)
+	$(PY) -m pytest -q -s -m chaos tests/chaos
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

@@ -149,3 +149,28 @@ class Database:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self.engine.dispose()
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the database's disk is full.
+
+    SQLite: SQLITE_FULL ("database or disk is full"); PostgreSQL: SQLSTATE 53100
+    (disk_full); a plain ENOSPC from the file system.
+    """
+    import errno
+    import sqlite3
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sqlite3.Error) and (
+            getattr(current, "sqlite_errorcode", None) == 13 or "disk is full" in str(current)
+        ):
+            return True
+        if getattr(current, "sqlstate", None) == "53100":
+            return True
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return True
+        current = current.__cause__ or current.__context__
+    return False

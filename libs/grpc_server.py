@@ -26,7 +26,8 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from libs import internal_auth
-from libs.errors import DomainError
+from libs.db import storage_full
+from libs.errors import DomainError, Unavailable
 from libs.grpc_client import REQUEST_ID_KEY
 from libs.internal_auth import CallerAuth
 from libs.settings import Settings
@@ -63,6 +64,17 @@ def status_for(error: DomainError) -> grpc.Status:
 
 def _internal_status() -> grpc.Status:
     return rpc_status.to_status(status_pb2.Status(code=code_pb2.INTERNAL, message="internal error"))
+
+
+# A full disk under the database is the operator's to fix, and the call can be retried after:
+# UNAVAILABLE with a reason that says so, instead of an opaque INTERNAL.
+_STORAGE_FULL = Unavailable("STORAGE_FULL", "the service's database storage is full; free space, then retry")
+
+
+def _unexpected_status(exc: BaseException) -> tuple[str, grpc.Status]:
+    if storage_full(exc):
+        return "UNAVAILABLE", status_for(_STORAGE_FULL)
+    return "INTERNAL", _internal_status()
 
 
 def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
@@ -131,6 +143,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             elapsed_ms = round((time.perf_counter() - start) * 1000, 2)
             if code == "INTERNAL" and error is not None:
                 log.error("rpc_failed", code=code, duration_ms=elapsed_ms, exc_info=error)
+            elif error is not None:
+                log.warning("rpc_failed", code=code, duration_ms=elapsed_ms, error=type(error).__name__)
             else:
                 log.info("rpc", code=code, duration_ms=elapsed_ms)
             structlog.contextvars.unbind_contextvars("request_id", "rpc", "caller")
@@ -152,9 +166,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     # The generated base servicer's answer for an RPC a later issue fills in.
                     done(start, "UNIMPLEMENTED")
                     await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
-                except Exception as exc:  # noqa: BLE001 - mapped to INTERNAL, logged
-                    done(start, "INTERNAL", exc)
-                    await context.abort_with_status(_internal_status())
+                except Exception as exc:  # noqa: BLE001 - mapped to INTERNAL (or STORAGE_FULL), logged
+                    code, status = _unexpected_status(exc)
+                    done(start, code, exc)
+                    await context.abort_with_status(status)
                 else:
                     done(start, "OK")
                     return response
@@ -182,8 +197,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     done(start, "UNIMPLEMENTED")
                     await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
                 except Exception as exc:  # noqa: BLE001
-                    done(start, "INTERNAL", exc)
-                    await context.abort_with_status(_internal_status())
+                    code, status = _unexpected_status(exc)
+                    done(start, code, exc)
+                    await context.abort_with_status(status)
                 else:
                     done(start, "OK")
 
@@ -248,9 +264,7 @@ NO_CALLER_AUTH = ServerSecurity(auth=None)
 class ServiceHost:
     """A started gRPC server with health and reflection; stop() is graceful."""
 
-    def __init__(
-        self, server: grpc.aio.Server, health: health_aio.HealthServicer, port: int, names: list[str]
-    ) -> None:
+    def __init__(self, server: grpc.aio.Server, health: health_aio.HealthServicer, port: int, names: list[str]) -> None:
         self.server = server
         self.health = health
         self.port = port

@@ -103,7 +103,8 @@ _ALLOWED: dict[State, frozenset[State]] = {
     State.CANCEL_REQUESTED: frozenset({State.CANCELLED, State.NEEDS_RECONCILIATION, State.RECOVERING, State.PAUSED}),
     State.NEEDS_RECONCILIATION: frozenset({State.CANCELLED, State.FAILED, State.QUEUED, State.PAUSED}),
     State.RECOVERING: frozenset(
-        {State.QUEUED, State.NEEDS_RECONCILIATION, State.FAILED, State.CANCELLED, State.PAUSED}
+        # completed: its worker had reported its result and exited before the crash
+        {State.QUEUED, State.NEEDS_RECONCILIATION, State.FAILED, State.CANCELLED, State.COMPLETED, State.PAUSED}
     ),
     State.PAUSED: frozenset({State.QUEUED, State.CANCELLED}),
     State.COMPLETED: frozenset(),
@@ -281,6 +282,10 @@ class Task(BaseModel):
     restart_resume: RestartResume | None = None
     pending_question: PendingQuestion | None = None
     pending_outcome: PendingOutcome | None = None
+    # Per-task revision of the stored snapshot: +1 on every committed change (store.update_task).
+    # Watchers drop an event older than what they already sent (publishes may reorder across
+    # database threads), so a client never sees an older snapshot after a newer one.
+    version: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -495,6 +500,7 @@ def resume_after_interruption(task: Task, now: int, reason: str) -> Task:
     last_progress = task.progress.text if task.progress else (previous.last_progress if previous else None)
     task.inspection = None
     task.pending_outcome = None
+    task.updated_at = now  # a re-queue is a change like any other: lists sort and clients poll by it
     if count > MAX_AUTOMATIC_RESUMES:
         task.state = State.FAILED
         task.ended_at = now
@@ -510,6 +516,57 @@ def resume_after_interruption(task: Task, now: int, reason: str) -> Task:
     task.failure = Failure(code=FailureCode.GATEWAY_SHUTDOWN, message=reason, retryable=True)
     task.restart_resume = RestartResume(count=count, revision=revision, pending=True, last_progress=last_progress)
     return task
+
+
+def new_revision(task: Task, now: int) -> Task:
+    """New input starts a new revision of the task, with its own three automatic resumes.
+
+    What bumps the revision: a person's answer to the task's question, a resume after a pause,
+    an edit of the instructions — each is new work the interruptions so far did not see.
+    Interruptions only count within one revision; the first revision is 1.
+    """
+    previous = task.restart_resume
+    task.restart_resume = RestartResume(
+        count=0,
+        revision=(previous.revision if previous else 1) + 1,
+        pending=previous.pending if previous else False,  # a paused task still resumes
+        last_progress=previous.last_progress if previous else None,
+    )
+    task.updated_at = now
+    return task
+
+
+def finished_before_crash(task: Task, attempt: Attempt, tree_gone: bool) -> bool:
+    """Whether recovery should settle the task ``completed`` instead of running it again.
+
+    True when the attempt reported its final result (after it started) and nothing of it was
+    left running when recovery looked: the worker finished and exited, only the scheduler's
+    record of its exit was lost with the crash.
+    """
+    return (
+        tree_gone
+        and task.result is not None
+        and task.result_reported_at is not None
+        and attempt.started_at is not None
+        and task.result_reported_at >= attempt.started_at
+    )
+
+
+def closes_questions(before: Task, after: Task) -> bool:
+    """Whether this change ends the task so that its open question must be closed.
+
+    A finished task's question is closed, unless a cancel only paused the task (any cause but
+    ``user_canceled``): a paused task may be resumed and still want its answer.
+    """
+    if before.terminal or not after.terminal:
+        return False
+    paused = after.cancellation is not None and after.cancellation.cause != USER_CANCELED
+    return not (after.state == State.CANCELLED and paused)
+
+
+def question_close_retry_ms(attempts: int) -> int:
+    """When to try closing a finished task's questions again: doubling from 500 ms, at most 30 s."""
+    return int(min(500 * 2 ** max(0, attempts - 1), 30_000))
 
 
 def describe_exit(returncode: int) -> tuple[State, Failure | None]:
@@ -615,10 +672,19 @@ def stop_outcome(why: str, task: Task, message: str) -> PendingOutcome:
 
 
 def settle(task: Task, outcome: PendingOutcome, now: int) -> bool:
-    """A proven stop: the pending outcome happens (a re-queue counts as a resume)."""
+    """A proven stop: the pending outcome happens (a re-queue counts as a resume).
+
+    A re-queue yields to a cancel that arrived meanwhile: a cancel (or pause) while
+    ``recovering`` is recorded on the task and honoured here, once recovery ends.
+    """
     if task.terminal:
         return False
-    if outcome.state == State.QUEUED:
+    if outcome.state == State.QUEUED and task.state == State.RECOVERING and task.cancellation is not None:
+        if task.cancellation.cause == PAUSE_CAUSE:
+            pause(task, now)
+        else:
+            end_task(task, State.CANCELLED, now)
+    elif outcome.state == State.QUEUED:
         assert outcome.failure is not None
         resume_after_interruption(task, now, outcome.failure.message)
     elif outcome.state == State.PAUSED:
@@ -675,7 +741,17 @@ def validate_cause(cause: str) -> str:
 
 def cancel_is_noop(task: Task) -> bool:
     """A finished task, or one whose stop is already under way, is returned unchanged."""
-    return task.terminal or task.state in (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION, State.RECOVERING)
+    return task.terminal or task.state in (State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION)
+
+
+def record_cancel_while_recovering(task: Task, cancellation: Cancellation, now: int) -> Task | None:
+    """Recovery owns a ``recovering`` task until its old worker is proven gone: the cancel (or
+    pause) is recorded now and honoured when recovery settles it (``settle``)."""
+    if task.state != State.RECOVERING or task.cancellation is not None:
+        return None
+    task.cancellation = cancellation
+    task.updated_at = now
+    return task
 
 
 def cancel_at_once(task: Task, cancellation: Cancellation, now: int) -> Task:
@@ -725,13 +801,7 @@ def resume(task: Task, now: int) -> Task | None:
     task.state = State.QUEUED
     task.cancellation = None
     task.updated_at = now
-    return task
-
-
-def closes_questions(task: Task) -> bool:
-    """A finished task's open question is closed, unless the cancel only paused the task."""
-    paused = task.cancellation is not None and task.cancellation.cause != USER_CANCELED
-    return task.terminal and not (task.state == State.CANCELLED and paused)
+    return new_revision(task, now)  # a resume after a pause is new input: a new revision
 
 
 # --- worker reports and questions ------------------------------------------
@@ -835,4 +905,5 @@ def answer_delivered(task: Task, question_id: str, now: int) -> bool:
     task.updated_at = now
     if task.state == State.WAITING_INPUT:
         task.state = State.RUNNING
+    new_revision(task, now)  # an answer is new input: a new revision
     return True

@@ -32,6 +32,7 @@ from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
 from services.scheduler.launch import ALLOWED_ENV, Launcher
 from services.scheduler.log_follower import LOG_GAP_WAIT_MS, LogFollower
+from services.scheduler.question_closer import QuestionCloser
 from services.scheduler.recovery import Recovery
 from services.scheduler.reports import WorkerReports
 from services.scheduler.runtime import LiveAttempt, NoTelemetry, QuestionsPort, Runtime, TelemetryHook, hash_token
@@ -86,6 +87,7 @@ class Engine:
         self.recovery = Recovery(rt, self.settler, self.stopper)
         self.watchers = Watchers(rt)
         self.log_follower = LogFollower(rt)
+        self.question_closer = QuestionCloser(rt)
         self._loops: list[asyncio.Task[None]] = []
 
     @property
@@ -108,6 +110,7 @@ class Engine:
             self._loops = [
                 asyncio.create_task(self.launcher.dispatch_loop(), name="dispatcher"),
                 asyncio.create_task(self.supervisor.loop(), name="supervisor"),
+                asyncio.create_task(self.question_closer.run(), name="question-closer"),
             ]
         rt.wake.set()
 
@@ -200,6 +203,12 @@ class Engine:
         return await self.reports.await_answer(token, question_id, wait_s)
 
     # --- watching ------------------------------------------------------------
+
+    async def close_questions_once(self) -> int:
+        return await self.question_closer.close_once()
+
+    async def reconcile_once(self) -> int:
+        return await self.supervisor.reconcile_once()
 
     def watch_task(self, task_id: str) -> AsyncIterator[TaskEvent]:
         return self.watchers.watch_task(task_id)

@@ -63,10 +63,12 @@ class QuestionsClient:
         return reply.question
 
     async def cancel_open(self, task_id: str) -> None:
+        """Close the task's open questions; raises when the registry did not confirm (the
+        scheduler's question-close outbox tries again)."""
         try:
             await self._stub.CancelQuestions(pb.CancelQuestionsRequest(task_id=task_id), timeout=RPC_TIMEOUT_S)
-        except grpc.aio.AioRpcError:
-            pass  # best effort: a finished task's question can no longer be answered usefully
+        except grpc.aio.AioRpcError as exc:
+            raise _relay(exc) from exc
 
     async def close(self) -> None:
         await self._channel.close()

@@ -8,10 +8,12 @@ or, when not, wait in ``needs_reconciliation``.
 
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 
-from services.scheduler import domain
-from services.scheduler.domain import ACTIVE, State, Task
+from services.scheduler import domain, processes
+from services.scheduler.domain import ACTIVE, PendingOutcome, State, Task
 from services.scheduler.runtime import Runtime
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
@@ -66,6 +68,11 @@ class Recovery:
             if attempt is None:
                 await self.settler.settle(task.task_id, outcome, None)
                 continue
+            before = await asyncio.to_thread(processes.look, attempt, rt.ownership.stop_context())
+            if outcome.state == State.QUEUED and domain.finished_before_crash(task, attempt, before.gone):
+                # Its worker reported the result and exited; only the exit's record was lost.
+                outcome = PendingOutcome(state=State.COMPLETED, result=task.result)
+                attempt.outcome = attempt.outcome or "exited"
             status = await self.stopper.stop_tree(attempt)
             attempt.outcome = attempt.outcome or "interrupted"
             attempt.state = "ended"

@@ -99,14 +99,21 @@ class WorkerReports:
         live = self.authenticate(token)
         task = await self.rt.store.get_task(live.attempt.task_id)
         domain.check_can_ask(task)
+        event_type = "task.question"
         if task.pending_question is not None and task.pending_question.text == text:
-            return task.pending_question  # the same question again, e.g. from a resumed attempt
-        request_id = f"{live.attempt.attempt_id}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
-        question = await questions.ask(task.task_id, task.session_id, text, request_id)
-        pending = domain.PendingQuestion(question_id=question.question_id, text=text, revision=question.revision)
+            # The same question again, e.g. from a resumed attempt: no new question (nor a
+            # second notification), but the task waits for input again (it resumed running).
+            pending = task.pending_question
+            event_type = "task.state_changed"
+        else:
+            request_id = f"{live.attempt.attempt_id}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
+            question = await questions.ask(task.task_id, task.session_id, text, request_id)
+            pending = domain.PendingQuestion(question_id=question.question_id, text=text, revision=question.revision)
+        if task.state == domain.State.WAITING_INPUT and task.pending_question == pending:
+            return pending
         now = self.rt.clock.now_ms()
         task, stored = await self.rt.store.update_task(
-            task.task_id, lambda t: domain.wait_for_input(t, pending, now), "task.question", now
+            task.task_id, lambda t: domain.wait_for_input(t, pending, now), event_type, now
         )
         self.rt.published(stored, task)
         return pending

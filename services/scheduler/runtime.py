@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from libs import proctree
 from libs.clock import Clock, SystemClock
 from libs.settings import Settings, WorkerProfile
-from services.scheduler import domain, processes
+from services.scheduler import processes
 from services.scheduler.domain import Attempt, Task
 from services.scheduler.events import EventHub
 from services.scheduler.ownership import Ownership
@@ -96,6 +96,7 @@ class Runtime:
         self.by_token: dict[str, LiveAttempt] = {}
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.wake = asyncio.Event()  # the dispatcher looks for queued work when set
+        self.questions_wake = asyncio.Event()  # the question closer looks at its outbox when set
         self.background: set[asyncio.Task[Any]] = set()
         self.closing = False
         # The worker API's address for a worker uid (see ``worker_api.WorkerSockets``).
@@ -127,7 +128,7 @@ class Runtime:
         """Tell watchers about a committed change (after commit, never before)."""
         if stored is not None:
             self.hub.publish(stored.type, stored.at, task)
-            if stored.type == "task.state_changed" and self.questions is not None and domain.closes_questions(task):
-                self.spawn(self.questions.cancel_open(task.task_id), f"close-questions-{task.task_id}")
+            if task.terminal and stored.type == "task.state_changed":
+                self.questions_wake.set()  # its question-close outbox row (if any) was committed with it
         elif event_type is not None:
             self.hub.publish(event_type, self.clock.now_ms(), task)

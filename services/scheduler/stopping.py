@@ -126,6 +126,15 @@ class Stopper:
             if domain.cancel_is_noop(task) or (why == "pause" and domain.pause_is_noop(task)):
                 return task
             cancellation = Cancellation(requested_at=now, cause=cause, replaced_by_task_id=replaced_by)
+            if task.state == State.RECOVERING:
+                task, stored = await rt.store.update_task(
+                    task_id,
+                    lambda t: domain.record_cancel_while_recovering(t, cancellation, now),
+                    "task.state_changed",
+                    now,
+                )
+                rt.published(stored, task)
+                return task
             live = rt.live.get(task_id)
             if live is None:
                 # Not launched by this incarnation: stop what the last attempt recorded

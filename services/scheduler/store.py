@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, ColumnElement, func, text
+from sqlalchemy import BigInteger, ColumnElement, and_, func, or_, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -24,6 +24,7 @@ from services.scheduler.domain import (
     Task,
     TaskNotFound,
     check_transition,
+    closes_questions,
 )
 
 MIGRATIONS = [
@@ -49,6 +50,18 @@ MIGRATIONS = [
             " id {ID_PK}, task_id VARCHAR(32) NOT NULL REFERENCES tasks(task_id),"
             " type VARCHAR(40) NOT NULL, at BIGINT NOT NULL, state VARCHAR(32) NOT NULL, doc TEXT NOT NULL)",
             "CREATE INDEX ix_task_events_task ON task_events (task_id, id)",
+        ],
+    ),
+    Migration(
+        2,
+        "question-close outbox",
+        [
+            # One row per finished task whose questions the pending-registry has yet to close;
+            # written in the task's ending transaction, deleted once the registry confirms.
+            "CREATE TABLE question_closes ("
+            " task_id VARCHAR(32) PRIMARY KEY REFERENCES tasks(task_id),"
+            " attempts INTEGER NOT NULL, next_at BIGINT NOT NULL)",
+            "CREATE INDEX ix_question_closes_next ON question_closes (next_at)",
         ],
     ),
 ]
@@ -83,6 +96,13 @@ class TaskEventRow(SQLModel, table=True):
     at: int = Field(sa_type=BigInteger)
     state: str
     doc: str
+
+
+class QuestionCloseRow(SQLModel, table=True):
+    __tablename__ = "question_closes"
+    task_id: str = Field(primary_key=True)
+    attempts: int
+    next_at: int = Field(sa_type=BigInteger)
 
 
 @dataclass(frozen=True)
@@ -228,16 +248,47 @@ class SchedulerStore:
 
         return await self.db.run(work)
 
-    async def tasks_in_states(self, states: Iterable[State], limit: int = 1000) -> list[Task]:
-        values = [s.value for s in states]
+    async def tasks_in_states(
+        self,
+        states: Iterable[State],
+        limit: int | None = None,
+        session: tuple[str, str] | None = None,
+        page_size: int = 500,
+    ) -> list[Task]:
+        """Tasks in ``states``, oldest first: ``limit`` of them, or every one (paged, no hidden cap).
 
+        ``session`` (agent id, session id) keeps to one session's tasks (``ix_tasks_session``).
+        Pages are keyset pages on (created_at, task_id), so a large backlog is read in bounded
+        queries and no row is skipped or repeated between them.
+        """
+        values = [s.value for s in states]
+        found: list[Task] = []
+        after: tuple[int, str] | None = None
+        while True:
+            want = page_size if limit is None else min(page_size, limit - len(found))
+            if want <= 0:
+                return found
+            page = await self._states_page(values, after, want, session)
+            found.extend(page)
+            if len(page) < want:
+                return found
+            after = (page[-1].created_at, page[-1].task_id)
+
+    async def _states_page(
+        self, values: list[str], after: tuple[int, str] | None, limit: int, session: tuple[str, str] | None
+    ) -> list[Task]:
         def work(s: Session) -> list[Task]:
-            rows = s.exec(
-                select(TaskRow)
-                .where(col(TaskRow.state).in_(values))
-                .order_by(col(TaskRow.created_at), col(TaskRow.task_id))
-                .limit(limit)
-            ).all()
+            query = select(TaskRow).where(col(TaskRow.state).in_(values))
+            if session is not None:
+                query = query.where(TaskRow.agent_id == session[0], TaskRow.session_id == session[1])
+            if after is not None:
+                query = query.where(
+                    or_(
+                        col(TaskRow.created_at) > after[0],
+                        and_(col(TaskRow.created_at) == after[0], col(TaskRow.task_id) > after[1]),
+                    )
+                )
+            rows = s.exec(query.order_by(col(TaskRow.created_at), col(TaskRow.task_id)).limit(limit)).all()
             return [_task_from_row(r) for r in rows]
 
         return await self.db.run(work)
@@ -270,13 +321,47 @@ class SchedulerStore:
                 return before, None
             if after.state != before.state:
                 check_transition(before.state, after.state)
+            after.version = before.version + 1
             _write_task(s, after, row)
             if attempt is not None:
                 _write_attempt(s, attempt)
+            if closes_questions(before, after) and s.get(QuestionCloseRow, task_id) is None:
+                s.add(QuestionCloseRow(task_id=task_id, attempts=0, next_at=at))
             event = _append_event(s, after, event_type, at) if event_type else None
             return after, (StoredEvent(event.id or 0, event.type, event.at, after) if event else None)
 
         return await self.db.run(work)
+
+    async def due_question_closes(self, now: int, limit: int = 100) -> list[tuple[str, int]]:
+        """Finished tasks whose questions are due to be closed: (task id, attempts so far)."""
+
+        def work(s: Session) -> list[tuple[str, int]]:
+            rows = s.exec(
+                select(QuestionCloseRow)
+                .where(QuestionCloseRow.next_at <= now)
+                .order_by(col(QuestionCloseRow.next_at))
+                .limit(limit)
+            ).all()
+            return [(r.task_id, r.attempts) for r in rows]
+
+        return await self.db.run(work)
+
+    async def question_close_done(self, task_id: str) -> None:
+        def work(s: Session) -> None:
+            row = s.get(QuestionCloseRow, task_id)
+            if row is not None:
+                s.delete(row)
+
+        await self.db.run(work)
+
+    async def question_close_failed(self, task_id: str, attempts: int, next_at: int) -> None:
+        def work(s: Session) -> None:
+            row = s.get(QuestionCloseRow, task_id)
+            if row is not None:
+                row.attempts, row.next_at = attempts, next_at
+                s.add(row)
+
+        await self.db.run(work)
 
     async def events_after(
         self, sequence: int, types: Iterable[str], limit: int, recheck: Iterable[int] = ()

@@ -11,12 +11,16 @@ import asyncio
 
 import structlog
 
+from libs.settings import WorkerProfile
 from services.scheduler import domain, processes
-from services.scheduler.domain import Task, Verdict
-from services.scheduler.runtime import Runtime
+from services.scheduler.domain import State, Task, Verdict
+from services.scheduler.runtime import LiveAttempt, Runtime
 from services.scheduler.stopping import Stopper
 
 log = structlog.get_logger("scheduler")
+
+# How often the supervisor looks for running tasks of this boot with no live attempt.
+RECONCILE_INTERVAL_MS = 30_000
 
 
 class Supervisor:
@@ -27,12 +31,44 @@ class Supervisor:
     async def loop(self) -> None:
         rt = self.rt
         interval = rt.tasks_cfg.supervisor_interval_ms / 1000
+        last_reconcile = rt.clock.now_ms()
         while not rt.closing:
             await asyncio.sleep(interval)
             try:
                 await self.supervise_once()
             except Exception:
                 log.exception("supervise_failed")
+            if rt.clock.now_ms() - last_reconcile >= RECONCILE_INTERVAL_MS:
+                last_reconcile = rt.clock.now_ms()
+                try:
+                    await self.reconcile_once()
+                except Exception:
+                    log.exception("reconcile_failed")
+
+    async def reconcile_once(self) -> int:
+        """Find tasks this boot runs (``running``/``waiting_input``) with no live attempt — an exit
+        or stop whose record was lost (a database error) — stop what remains of the attempt
+        (identity-checked) and settle them as interrupted. Returns how many were found."""
+        rt = self.rt
+        found = 0
+        for task in await rt.store.tasks_in_states([State.RUNNING, State.WAITING_INPUT]):
+            if task.task_id in rt.live:
+                continue
+            async with rt.locks[task.task_id]:
+                # Again under the task's lock: a task that just ended or launched is not an orphan.
+                current, attempts = await rt.store.task_with_attempts(task.task_id)
+                if current.state not in (State.RUNNING, State.WAITING_INPUT) or task.task_id in rt.live:
+                    continue
+                attempt = attempts[-1] if attempts else None
+                if attempt is None or attempt.boot_id != rt.boot_id:
+                    continue  # an earlier boot's: start-up recovery's
+            found += 1
+            log.warning("orphaned_task_found", task_id=task.task_id, attempt=attempt.number)
+            profile = rt.settings.workers.get(current.profile, WorkerProfile(command=["unknown"]))
+            await self.stopper.stop_and_settle(
+                LiveAttempt(attempt=attempt, profile=profile), "shutdown", "the scheduler lost track of its worker"
+            )
+        return found
 
     async def supervise_once(self) -> None:
         """One pass over the live attempts: record descendants, apply the timers."""

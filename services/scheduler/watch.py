@@ -34,7 +34,8 @@ class Watchers:
 
         async def active() -> list[Task]:
             live_states = [s for s in State if s not in domain.TERMINAL]
-            return [t for t in await self.rt.store.tasks_in_states(live_states) if accepts(t)]
+            # Only this session's tasks are read (ix_tasks_session), however many others exist.
+            return await self.rt.store.tasks_in_states(live_states, session=(agent_id, session_id))
 
         async for event in self._watch(accepts, active):
             yield event
@@ -47,9 +48,11 @@ class Watchers:
         Subscribed before the snapshots are read, so no change falls between them
         (a change may show twice: snapshot, then event — never not at all).
         """
+        sent: dict[str, int] = {}  # task id -> the newest version sent
         with self.rt.hub.subscribe(accepts) as sub:
             now = self.rt.clock.now_ms()
             for task in await initial():
+                sent[task.task_id] = task.version
                 yield TaskEvent(0, "task.snapshot", now, task)
             while True:
                 try:
@@ -60,4 +63,7 @@ class Watchers:
                             "WATCHER_TOO_SLOW", "the watcher fell behind; reconnect to resume"
                         ) from None
                     continue
+                if event.task.version < sent.get(event.task.task_id, 0):
+                    continue  # stale: a newer snapshot of this task was already sent
+                sent[event.task.task_id] = event.task.version
                 yield event

@@ -64,6 +64,8 @@ class Stack:
     env: dict[str, str]
     http_url: str
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    # Where the services' logs go (default: <data_dir>/logs); elsewhere when the data dir's disk fills.
+    log_dir: Path | None = None
 
     def addr(self, name: str) -> str:
         return self.env[dict((n, e) for n, _, e in SERVICES)[name]]
@@ -78,11 +80,12 @@ class Stack:
         return f"unix:{self.env['TASKGATE_WORKER_SOCKET_DIR']}/{os.getuid()}/worker.sock"
 
     def start(self) -> Stack:
+        logs = self.log_dir or self.data_dir / "logs"
         for name, module, env_name in SERVICES:
-            self.procs[name] = ServiceProcess(
-                module, self.env, self.data_dir / "logs" / f"{name}.log", self.env[env_name]
-            ).start(wait=False)
-        self.procs["gateway"] = ServiceProcess("gateway_http", self.env, self.data_dir / "logs" / "gateway.log")
+            self.procs[name] = ServiceProcess(module, self.env, logs / f"{name}.log", self.env[env_name]).start(
+                wait=False
+            )
+        self.procs["gateway"] = ServiceProcess("gateway_http", self.env, logs / "gateway.log")
         self.procs["gateway"].start(wait=False)
         self.wait_healthy()
         return self

@@ -8,8 +8,11 @@ from libs.settings import TaskSettings
 from services.scheduler import domain
 from services.scheduler.domain import (
     Attempt,
+    Cancellation,
+    Failure,
     NewTask,
     PageRequest,
+    PendingOutcome,
     Progress,
     Result,
     State,
@@ -205,6 +208,47 @@ def test_three_automatic_resumes_per_revision_then_failed() -> None:
         task.state = State.RUNNING
     task = domain.resume_after_interruption(task, T0, "restart")
     assert task.state == State.FAILED and task.failure and task.failure.code == "GATEWAY_SHUTDOWN_REPEATED"
+
+
+def test_the_resume_cap_counts_per_revision() -> None:
+    task = make_task()
+    for _ in range(3):
+        task = domain.resume_after_interruption(task, T0 + 5, "restart")
+        assert task.state == State.QUEUED and task.updated_at == T0 + 5, "a re-queue updates updatedAt"
+        task.state = State.RUNNING
+    # An answer (new input) starts revision 2 with three resumes of its own.
+    task = domain.new_revision(task, T0 + 6)
+    assert task.restart_resume and (task.restart_resume.count, task.restart_resume.revision) == (0, 2)
+    for expected in (1, 2, 3):
+        task = domain.resume_after_interruption(task, T0 + 7, "restart")
+        assert task.state == State.QUEUED and task.restart_resume.count == expected
+        assert task.restart_resume.revision == 2
+        task.state = State.RUNNING
+    task = domain.resume_after_interruption(task, T0 + 8, "restart")
+    assert task.state == State.FAILED and task.failure and task.failure.code == "GATEWAY_SHUTDOWN_REPEATED"
+    assert "revision 2" in task.failure.message and task.updated_at == task.ended_at == T0 + 8
+
+
+def test_a_cancel_recorded_while_recovering_wins_over_the_requeue() -> None:
+    requeue = PendingOutcome(state=State.QUEUED, failure=Failure(code="GATEWAY_SHUTDOWN", message="restart"))
+    task = make_task(State.RECOVERING, cancellation=Cancellation(requested_at=T0, cause="user_canceled"))
+    assert domain.settle(task, requeue, T0 + 1)
+    assert task.state == State.CANCELLED and task.restart_resume is None
+    paused = make_task(State.RECOVERING, cancellation=Cancellation(requested_at=T0, cause=domain.PAUSE_CAUSE))
+    assert domain.settle(paused, requeue, T0 + 1) and paused.state == State.PAUSED, "a pause in flight still pauses"
+    plain = make_task(State.RECOVERING)
+    assert domain.settle(plain, requeue, T0 + 1) and plain.state == State.QUEUED
+    assert not domain.settle(make_task(State.COMPLETED), requeue, T0 + 1)
+
+
+def test_a_result_reported_before_the_crash_settles_the_task() -> None:
+    attempt = Attempt(attempt_id="b" * 32, task_id="a" * 32, number=1, boot_id="x", token_hash="h", started_at=T0)
+    done = make_task(result=Result(text="r"), result_reported_at=T0 + 10)
+    assert domain.finished_before_crash(done, attempt, tree_gone=True)
+    assert not domain.finished_before_crash(done, attempt, tree_gone=False), "still running: stop and resume"
+    earlier = make_task(result=Result(text="r"), result_reported_at=T0 - 10)
+    assert not domain.finished_before_crash(earlier, attempt, tree_gone=True), "an earlier attempt's result"
+    assert not domain.finished_before_crash(make_task(), attempt, tree_gone=True)
 
 
 def test_elapsed_counts_from_first_start_and_freezes_at_the_end() -> None:

@@ -39,6 +39,8 @@ def test_a_pause_in_flight_at_a_crash_still_pauses_and_a_paused_task_can_be_canc
     assert domain.recovery_outcome(task).state == State.PAUSED
     domain.check_transition(State.PAUSED, State.CANCELLED)
     domain.check_transition(State.PAUSED, State.QUEUED)
+    paused = make_task(State.PAUSED)
     assert domain.closes_questions(
-        domain.cancel_at_once(make_task(State.PAUSED), Cancellation(requested_at=T0, cause="user_canceled"), T0)
+        paused.model_copy(deep=True),
+        domain.cancel_at_once(paused, Cancellation(requested_at=T0, cause="user_canceled"), T0),
     )

@@ -172,8 +172,15 @@ def test_cancel_rules(clock: FakeClock) -> None:
     assert domain.validate_cause("") == domain.USER_CANCELED
     with pytest.raises(domain.InvalidArgument):
         domain.validate_cause("not a cause!")
-    for state in (State.COMPLETED, State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION, State.RECOVERING):
+    for state in (State.COMPLETED, State.CANCEL_REQUESTED, State.NEEDS_RECONCILIATION):
         assert domain.cancel_is_noop(make_task(state))
+    # A cancel while recovering is recorded, and honoured when recovery settles the task.
+    recovering = make_task(State.RECOVERING)
+    assert not domain.cancel_is_noop(recovering)
+    cancel = Cancellation(requested_at=T0, cause=domain.USER_CANCELED)
+    assert domain.record_cancel_while_recovering(recovering, cancel, T0) is recovering
+    assert recovering.cancellation == cancel and recovering.state == State.RECOVERING
+    assert domain.record_cancel_while_recovering(recovering, cancel, T0) is None, "recorded once"
     assert not domain.cancel_is_noop(make_task(State.QUEUED))
     cancellation = Cancellation(requested_at=clock.now, cause="paused")
     queued = domain.cancel_at_once(make_task(State.QUEUED), cancellation, clock.advance(1))
@@ -186,10 +193,12 @@ def test_only_a_user_cancel_or_a_real_ending_closes_the_question() -> None:
     def cancelled(cause: str) -> domain.Task:
         return make_task(State.CANCELLED, cancellation=Cancellation(requested_at=T0, cause=cause))
 
-    assert domain.closes_questions(cancelled(domain.USER_CANCELED))
-    assert not domain.closes_questions(cancelled("paused"))
-    assert domain.closes_questions(make_task(State.FAILED))
-    assert not domain.closes_questions(make_task(State.RUNNING))
+    running = make_task(State.RUNNING)
+    assert domain.closes_questions(running, cancelled(domain.USER_CANCELED))
+    assert not domain.closes_questions(running, cancelled("paused"))
+    assert domain.closes_questions(running, make_task(State.FAILED))
+    assert not domain.closes_questions(running, make_task(State.RUNNING))
+    assert not domain.closes_questions(make_task(State.FAILED), make_task(State.FAILED)), "only the ending change"
 
 
 def test_reports_are_taken_while_running_or_while_the_launch_commits() -> None:
