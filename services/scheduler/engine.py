@@ -76,7 +76,7 @@ class Engine:
         self.runtime = rt
         # What callers read directly; the same objects the collaborators share.
         self.settings, self.tasks_cfg, self.store = rt.settings, rt.tasks_cfg, rt.store
-        self.clock, self.telemetry, self.questions = rt.clock, rt.telemetry, rt.questions
+        self.clock, self.telemetry = rt.clock, rt.telemetry
         self.boot_id, self.hub, self.ownership = rt.boot_id, rt.hub, rt.ownership
         self.catalog = TaskCatalog(rt)
         self.settler = Settler(rt)
@@ -89,6 +89,15 @@ class Engine:
         self.log_follower = LogFollower(rt)
         self.question_closer = QuestionCloser(rt)
         self._loops: list[asyncio.Task[None]] = []
+
+    @property
+    def questions(self) -> QuestionsPort | None:
+        """The pending-registry port; one copy, in the runtime the collaborators share."""
+        return self.runtime.questions
+
+    @questions.setter
+    def questions(self, value: QuestionsPort | None) -> None:
+        self.runtime.questions = value
 
     @property
     def worker_addr(self) -> Callable[[int | None], str]:

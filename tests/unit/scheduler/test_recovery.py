@@ -123,7 +123,7 @@ class FlakyRegistry:
 async def test_questions_of_a_finished_task_are_closed_through_an_outbox_until_confirmed(tmp_path: Path) -> None:
     h = await start_harness(tmp_path)
     registry = FlakyRegistry(failures=2)
-    h.engine.questions = h.engine.runtime.questions = registry
+    h.engine.questions = registry
     try:
         ended = await h.create("sleeper")
         await h.engine.cancel(ended.task_id)  # queued → cancelled (user_canceled): its questions close
