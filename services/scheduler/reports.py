@@ -102,6 +102,7 @@ class WorkerReports:
         if task.pending_question is not None and task.pending_question.text == text:
             return task.pending_question  # the same question again, e.g. from a resumed attempt
         request_id = f"{live.attempt.attempt_id}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
+        self.rt.never_asked.discard(task.task_id)  # before the registry may hold a question of it
         question = await questions.ask(task.task_id, task.session_id, text, request_id)
         pending = domain.PendingQuestion(question_id=question.question_id, text=text, revision=question.revision)
         now = self.rt.clock.now_ms()

@@ -23,6 +23,7 @@ from services.scheduler import domain, processes
 from services.scheduler.domain import Attempt, Task
 from services.scheduler.events import EventHub
 from services.scheduler.ownership import Ownership
+from services.scheduler.scans import SharedScan
 from services.scheduler.store import SchedulerStore, StoredEvent
 
 
@@ -66,6 +67,8 @@ class LiveAttempt:
     # Set (under the task lock) once taskgate itself is stopping the tree, so the
     # exit waiter leaves the outcome to the stopper.
     stopping: bool = False
+    # Registered with the telemetry agent (at the first supervisor pass that finds it alive).
+    watched: bool = False
 
 
 class Runtime:
@@ -92,12 +95,17 @@ class Runtime:
         self.boot_id = boot_id or uuid.uuid4().hex
         self.hub = EventHub()
         self.table_reader = table_reader
+        self.scans = SharedScan(table_reader)
         self.live: dict[str, LiveAttempt] = {}  # task_id -> attempt being run now
         self.by_token: dict[str, LiveAttempt] = {}
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.wake = asyncio.Event()  # the dispatcher looks for queued work when set
         self.background: set[asyncio.Task[Any]] = set()
         self.closing = False
+        # Tasks created by this incarnation that have not asked a question: their ending
+        # needs no CancelQuestions call to the pending-registry. A task of an earlier
+        # incarnation may have asked before a crash, so it is never in here.
+        self.never_asked: set[str] = set()
         # The worker API's address for a worker uid (see ``worker_api.WorkerSockets``).
         self.worker_addr: Callable[[int | None], str] = worker_addr or (lambda uid: "")
         self.ownership = Ownership(table_reader, self.leader_pids, reap_unknown_orphans)
@@ -128,6 +136,10 @@ class Runtime:
         if stored is not None:
             self.hub.publish(stored.type, stored.at, task)
             if stored.type == "task.state_changed" and self.questions is not None and domain.closes_questions(task):
-                self.spawn(self.questions.cancel_open(task.task_id), f"close-questions-{task.task_id}")
+                asked = task.task_id not in self.never_asked or task.pending_question is not None
+                if asked:
+                    self.spawn(self.questions.cancel_open(task.task_id), f"close-questions-{task.task_id}")
+            if task.terminal:
+                self.never_asked.discard(task.task_id)
         elif event_type is not None:
             self.hub.publish(event_type, self.clock.now_ms(), task)
