@@ -368,9 +368,13 @@ class StopContext:
     cgroup_kill: bool = True  # the cgroup offers cgroup.kill (else freeze + SIGKILL)
 
 
-def look(attempt: Attempt, ctx: StopContext) -> TreeStatus:
-    """One pass (blocking; run it in a thread): record what is new, then say what still lives."""
-    table = ctx.table_reader()
+def look(attempt: Attempt, ctx: StopContext, table: dict[int, proctree.ProcStat] | None = None) -> TreeStatus:
+    """One pass (blocking; run it in a thread): record what is new, then say what still lives.
+
+    ``table``: a process table read after the moment in question (else one is read here).
+    """
+    if table is None:
+        table = ctx.table_reader()
     record_descendants(attempt, table)
     unattributed = ctx.orphan_check(table) if ctx.orphan_check is not None else []
     record_descendants(attempt, table)

@@ -25,6 +25,7 @@ from services.scheduler.domain import (
     TaskNotFound,
     check_transition,
 )
+from services.scheduler.group_commit import GroupCommit
 
 MIGRATIONS = [
     Migration(
@@ -176,10 +177,10 @@ class SchedulerStore:
             return task, StoredEvent(event.id or 0, event.type, event.at, task)
 
         try:
-            return await self.db.run(work)
+            return await self._run(work)
         except IntegrityError:
             # A concurrent create with the same request id won the unique index: return its task.
-            return await self.db.run(work)
+            return await self._run(work)
 
     async def get_task(self, task_id: str) -> Task:
         def work(s: Session) -> Task:
