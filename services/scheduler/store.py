@@ -154,6 +154,10 @@ def _append_event(session: Session, task: Task, event_type: str, at: int) -> Tas
 class SchedulerStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        # Every unit of work goes through one group commit: concurrent tasks' changes
+        # share a transaction (each in its own savepoint), committed before anyone hears.
+        self.group = GroupCommit(db)
+        self._run = self.group.run
 
     # --- tasks -------------------------------------------------------------
 
@@ -189,14 +193,25 @@ class SchedulerStore:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
             return _task_from_row(row)
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def find_task(self, task_id: str) -> Task | None:
         def work(s: Session) -> Task | None:
             row = s.get(TaskRow, task_id)
             return _task_from_row(row) if row else None
 
-        return await self.db.run(work)
+        return await self._run(work)
+
+    async def find_tasks(self, task_ids: list[str]) -> dict[str, Task]:
+        """The tasks of ``task_ids`` that exist, in one query."""
+        if not task_ids:
+            return {}
+
+        def work(s: Session) -> dict[str, Task]:
+            rows = s.exec(select(TaskRow).where(col(TaskRow.task_id).in_(task_ids))).all()
+            return {r.task_id: _task_from_row(r) for r in rows}
+
+        return await self._run(work)
 
     async def list_tasks(
         self,
@@ -227,7 +242,7 @@ class SchedulerStore:
             ).all()
             return total, [_task_from_row(r) for r in rows]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def tasks_in_states(self, states: Iterable[State], limit: int = 1000) -> list[Task]:
         values = [s.value for s in states]
@@ -241,7 +256,7 @@ class SchedulerStore:
             ).all()
             return [_task_from_row(r) for r in rows]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def update_task(
         self,
@@ -277,7 +292,7 @@ class SchedulerStore:
             event = _append_event(s, after, event_type, at) if event_type else None
             return after, (StoredEvent(event.id or 0, event.type, event.at, after) if event else None)
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def events_after(
         self, sequence: int, types: Iterable[str], limit: int, recheck: Iterable[int] = ()
@@ -310,12 +325,23 @@ class SchedulerStore:
             ]
             return [r.id or 0 for r in rows], events
 
+        # Its own transaction, never in a group: it must see only what has committed
+        # (a follower acts on what it reads).
         return await self.db.run(work)
 
     # --- attempts ----------------------------------------------------------
 
     async def save_attempt(self, attempt: Attempt) -> None:
-        await self.db.run(lambda s: _write_attempt(s, attempt))
+        await self._run(lambda s: _write_attempt(s, attempt))
+
+    async def save_attempts(self, attempts: list[Attempt]) -> None:
+        """Several attempts in one transaction."""
+
+        def work(s: Session) -> None:
+            for attempt in attempts:
+                _write_attempt(s, attempt)
+
+        await self._run(work)
 
     async def attempts_of(self, task_id: str) -> list[Attempt]:
         def work(s: Session) -> list[Attempt]:
@@ -324,7 +350,7 @@ class SchedulerStore:
             ).all()
             return [Attempt.model_validate_json(r.doc) for r in rows]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def launching_attempts(self) -> list[Attempt]:
         """Attempts still marked ``launching`` (of any boot): recovery checks the earlier ones."""
@@ -334,7 +360,7 @@ class SchedulerStore:
             rows = s.exec(select(AttemptRow).where(col(AttemptRow.doc).contains('"state":"launching"'))).all()
             return [a for a in (Attempt.model_validate_json(r.doc) for r in rows) if a.state == "launching"]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def task_with_attempts(self, task_id: str) -> tuple[Task, list[Attempt]]:
         def work(s: Session) -> tuple[Task, list[Attempt]]:
@@ -346,7 +372,7 @@ class SchedulerStore:
             ).all()
             return _task_from_row(row), [Attempt.model_validate_json(a.doc) for a in attempts]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
 
 _UPSERT_ATTEMPT = text(

@@ -259,3 +259,43 @@ async def test_concurrent_creates_with_one_request_id_make_one_task(scheduler_db
     results = await asyncio.gather(*(store.create_task(make_task(f"{i:032x}", request_id="same")) for i in range(8)))
     assert len({task.task_id for task, _ in results}) == 1
     assert sum(1 for _, event in results if event is not None) == 1
+
+
+async def test_a_group_commit_keeps_each_change_whole_and_a_refused_one_out(scheduler_db: Database) -> None:
+    import asyncio
+
+    store = SchedulerStore(scheduler_db)
+    ids = [f"{i:032x}" for i in range(1, 31)]
+    for task_id in ids:
+        await store.create_task(make_task(task_id))
+    before = store.group.transactions
+
+    def to(state: State) -> Callable[[Task], Task]:
+        def change(t: Task) -> Task:
+            t.state = state
+            return t
+
+        return change
+
+    # 29 valid transitions and one refused one (queued -> completed), all at once.
+    results = await asyncio.gather(
+        *(
+            store.update_task(t, to(State.COMPLETED if t == ids[7] else State.RUNNING), "task.state_changed", 5)
+            for t in ids
+        ),
+        store.update_task("f" * 32, to(State.RUNNING), "task.state_changed", 5),  # no such task
+        return_exceptions=True,
+    )
+    assert isinstance(results[7], InvalidTransition)
+    assert type(results[-1]).__name__ == "TaskNotFound"
+    assert all(isinstance(r, tuple) and r[1] is not None for i, r in enumerate(results[:-1]) if i != 7)
+    # Shared transactions: fewer commits than changes.
+    assert store.group.transactions - before < len(ids)
+    for i, task_id in enumerate(ids):
+        task, attempts = await store.task_with_attempts(task_id)
+        assert task.state == (State.QUEUED if i == 7 else State.RUNNING)
+    with scheduler_db.engine.connect() as conn:
+        per_task = dict(conn.execute(text("SELECT task_id, COUNT(*) FROM task_events GROUP BY task_id")).all())
+    # The refused change left no event behind; every other task has its creation and its start.
+    assert per_task[ids[7]] == 1
+    assert all(per_task[t] == 2 for t in ids if t != ids[7])
