@@ -52,7 +52,18 @@ MIGRATIONS = [
             "CREATE INDEX ix_task_events_task ON task_events (task_id, id)",
         ],
     ),
+    Migration(
+        2,
+        "session task list by state",
+        # The default list (a session's unfinished tasks, newest first) and the watch
+        # snapshot seek the session's active states instead of reading all its rows.
+        ["CREATE INDEX ix_tasks_session_state ON tasks (agent_id, session_id, state, created_at)"],
+    ),
 ]
+
+# Every state a task can be in before it finishes: the default list and the watch
+# snapshot name them (an IN list seeks the index; NOT IN would scan the session).
+UNFINISHED = tuple(s.value for s in State if s not in TERMINAL)
 
 
 class TaskRow(SQLModel, table=True):
@@ -230,7 +241,7 @@ class SchedulerStore:
                 col(TaskRow.session_id) == session_id,
             ]
             if not include_finished:
-                where.append(col(TaskRow.state).not_in([t.value for t in TERMINAL]))
+                where.append(col(TaskRow.state).in_(UNFINISHED))
             total = s.exec(select(func.count()).select_from(TaskRow).where(*where)).one()
             page_index = clamp(total)
             rows = s.exec(
@@ -241,6 +252,24 @@ class SchedulerStore:
                 .limit(page_size)
             ).all()
             return total, [_task_from_row(r) for r in rows]
+
+        return await self._run(work)
+
+    async def session_tasks_in_states(self, agent_id: str, session_id: str, states: Iterable[State]) -> list[Task]:
+        """One session's tasks in ``states``, oldest first (through the session-state index)."""
+        values = [s.value for s in states]
+
+        def work(s: Session) -> list[Task]:
+            rows = s.exec(
+                select(TaskRow)
+                .where(
+                    col(TaskRow.agent_id) == agent_id,
+                    col(TaskRow.session_id) == session_id,
+                    col(TaskRow.state).in_(values),
+                )
+                .order_by(col(TaskRow.created_at), col(TaskRow.task_id))
+            ).all()
+            return [_task_from_row(r) for r in rows]
 
         return await self._run(work)
 

@@ -34,7 +34,7 @@ class Watchers:
 
         async def active() -> list[Task]:
             live_states = [s for s in State if s not in domain.TERMINAL]
-            return [t for t in await self.rt.store.tasks_in_states(live_states) if accepts(t)]
+            return await self.rt.store.session_tasks_in_states(agent_id, session_id, live_states)
 
         async for event in self._watch(accepts, active):
             yield event
