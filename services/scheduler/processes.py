@@ -18,16 +18,18 @@ SDK), never through the environment (``/proc/<pid>/environ``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import grp
 import os
 import pwd
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import structlog
 
@@ -81,9 +83,60 @@ def resolve_user(user: str | None, group: str | None) -> RunAs | None:
     return RunAs(uid=entry.pw_uid, gid=gid, home=entry.pw_dir)
 
 
+class WorkerProcess:
+    """A spawned worker whose exit is awaited through a pidfd on the event loop.
+
+    No thread per child (asyncio's default child watcher on 3.11 keeps one blocked
+    in ``waitpid`` per process). Only the leader's own pid is waited for; the
+    subreaper reaps re-parented orphans by pid, never a leader.
+    """
+
+    def __init__(self, popen: subprocess.Popen[Any]) -> None:
+        self._popen = popen  # kept: a collected Popen would reap the pid behind our back
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        # Opened at once: the pid is still ours (the trampoline is held, so not yet reaped).
+        self._pidfd = os.pidfd_open(self.pid)
+        self._done: asyncio.Future[int] | None = None
+
+    async def wait(self) -> int:
+        """The exit status (negative: the signal), once the process has ended."""
+        if self._done is None:
+            self._done = asyncio.ensure_future(self._wait())
+        return await asyncio.shield(self._done)
+
+    async def _wait(self) -> int:
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(self._pidfd, ready)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+        code = 255
+        try:
+            while True:
+                # The pidfd is readable once the process has exited, so this returns at once.
+                pid, status = os.waitpid(self.pid, os.WNOHANG)  # noqa: ASYNC222 (WNOHANG)
+                if pid:
+                    code = os.waitstatus_to_exitcode(status)
+                    break
+                await asyncio.sleep(POLL_S)
+        except ChildProcessError:  # reaped by someone else: the status is lost
+            log.warning("worker_exit_status_lost", pid=self.pid)
+        self.returncode = self._popen.returncode = code
+        return code
+
+
 @dataclass
 class Launched:
-    process: asyncio.subprocess.Process
+    process: WorkerProcess
     pid: int
     pgid: int
     start_time: int | None
@@ -151,21 +204,22 @@ async def launch(
         if run_as is not None:
             extra.update(user=run_as.uid, group=run_as.gid, extra_groups=[])
         with log_file:
-            process = await asyncio.create_subprocess_exec(
-                "/bin/sh",
-                "-c",
-                TRAMPOLINE,
-                "taskgate-launch",
-                *argv,
-                cwd=str(cwd),
-                env={**env, TOKEN_FD_ENV: str(tok_r)},
-                stdin=go_r,
-                stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # own session, so its own process group
-                pass_fds=(tok_r,),
-                **extra,  # type: ignore[arg-type]
+            # The fork and exec run in a thread, off the event loop.
+            popen = await asyncio.to_thread(
+                functools.partial(
+                    subprocess.Popen,
+                    ["/bin/sh", "-c", TRAMPOLINE, "taskgate-launch", *argv],
+                    cwd=str(cwd),
+                    env={**env, TOKEN_FD_ENV: str(tok_r)},
+                    stdin=go_r,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own session, so its own process group
+                    pass_fds=(tok_r,),
+                    **extra,  # type: ignore[arg-type]
+                )
             )
+            process = WorkerProcess(popen)
     except BaseException:
         os.close(go_w)
         raise

@@ -61,7 +61,7 @@ def hash_token(token: str) -> str:
 class LiveAttempt:
     attempt: Attempt
     profile: WorkerProfile
-    process: asyncio.subprocess.Process | None = None
+    process: processes.WorkerProcess | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     returncode: int | None = None
     # Set (under the task lock) once taskgate itself is stopping the tree, so the
