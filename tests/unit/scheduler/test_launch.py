@@ -15,6 +15,7 @@ import pytest
 
 from libs import proctree
 from libs.db import Database
+from libs.settings import WorkerProfile
 from services.scheduler.domain import State
 from services.scheduler.store import MIGRATIONS, SchedulerStore
 from tests.support.postgres import fresh_database
@@ -162,3 +163,28 @@ async def test_a_cancel_reaching_an_unfinished_launch_of_an_earlier_boot_stops_i
             os.kill(pid, 9)
         await first.engine.ownership.close()
         first.db.close()
+
+
+async def test_200_fast_exiting_workers_all_record_their_identity_and_complete(tmp_path: Path) -> None:
+    # /bin/true exits at once: its kernel start time must still be read while it is held.
+    h = await start_harness(tmp_path, workers={"true": WorkerProfile(command=["/bin/true"])}, max_running=50)
+    try:
+        tasks = [await h.create("true", title=f"t{i}") for i in range(200)]
+
+        async def dispatch() -> None:
+            while True:
+                await h.engine.dispatch_once()
+                await asyncio.sleep(0.01)
+
+        dispatcher = asyncio.create_task(dispatch())
+        for task in tasks:
+            done = await h.wait(task.task_id, [State.COMPLETED, State.FAILED], timeout_s=120)
+            assert done.state == State.COMPLETED, done.failure
+        dispatcher.cancel()
+        for task in tasks:
+            _, attempts = await h.engine.get_task(task.task_id)
+            (attempt,) = attempts
+            assert attempt.pid is not None and attempt.pid_start_time is not None, attempt
+            assert attempt.exit_code == 0 and attempt.outcome == "exited"
+    finally:
+        await h.close()
