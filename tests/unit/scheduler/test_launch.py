@@ -9,6 +9,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -186,5 +187,38 @@ async def test_200_fast_exiting_workers_all_record_their_identity_and_complete(t
             (attempt,) = attempts
             assert attempt.pid is not None and attempt.pid_start_time is not None, attempt
             assert attempt.exit_code == 0 and attempt.outcome == "exited"
+    finally:
+        await h.close()
+
+
+class FakeRegistry:
+    """The pending-registry as the engine sees it: every question is answered at once."""
+
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+
+    async def ask(self, task_id: str, session_id: str, text: str, request_id: str) -> Any:
+        return SimpleNamespace(question_id=f"q-{task_id}", revision=1, answer="")
+
+    async def await_answer(self, question_id: str, wait_s: float) -> Any:
+        return SimpleNamespace(question_id=question_id, revision=2, answer="yes")
+
+    async def cancel_open(self, task_id: str) -> None:
+        self.closed.append(task_id)
+
+
+async def test_only_a_task_that_asked_has_its_questions_closed_at_its_end(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path)
+    registry = FakeRegistry()
+    h.engine.runtime.questions = registry
+    try:
+        quiet = await h.create("behave", [{"progress": "no questions"}])
+        asking = await h.create("behave", [{"ask": "go on?"}])
+        assert await h.engine.dispatch_once() == 2
+        for task in (quiet, asking):
+            done = await h.wait(task.task_id, [State.COMPLETED, State.FAILED], timeout_s=60)
+            assert done.state == State.COMPLETED, done.failure
+        await h.engine.runtime.drain_background()
+        assert registry.closed == [asking.task_id]
     finally:
         await h.close()
