@@ -221,6 +221,7 @@ async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float
                     "--nonblocking",
                     "-r",
                     "200",
+                    *(["--format", "raw"] if profile_to.endswith(".txt") else []),
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.DEVNULL,
                 )
