@@ -156,7 +156,8 @@ class Launcher:
                     run_as=run_as,
                     cgroup=Path(attempt.cgroup) if attempt.cgroup else None,
                 )
-            except OSError as exc:
+            except Exception as exc:  # any failure, not only OSError: never a queued task holding a slot
+                log.error("launch_failed", task_id=task_id, attempt=attempt.number, error=repr(exc))
                 rt.forget(live)
                 rt.ownership.drop(attempt)
                 attempt.state, attempt.outcome = "ended", "launch_failed"

@@ -5,7 +5,7 @@ Set up once at start-up (``start``): the scheduler becomes the child subreaper,
 and per-attempt cgroups are used where the host allows them; the mode in force is
 logged. Orphans re-parented to the scheduler are attributed to the one attempt
 they can belong to (``processes.attribute_orphans``); their zombies are reaped by
-pid, never a worker leader's (asyncio waits for those).
+pid, never a worker leader's (its ``processes.WorkerProcess`` waits for those).
 """
 
 from __future__ import annotations
@@ -104,12 +104,16 @@ class Ownership:
         if self.owned.pop(attempt.attempt_id, None) is not None:
             self._reapable.update((d.pid, d.start_time) for d in attempt.descendants)
 
+    def _forking_floor(self) -> int | None:
+        """The earliest boot tick a launch whose pid is not known yet may have forked at."""
+        return min(self._forking.values(), default=None)
+
     def orphan_check(self, table: dict[int, proctree.ProcStat]) -> list[proctree.ProcStat]:
         """Attribute orphans re-parented to the scheduler; those fitting several attempts are returned."""
         found = subreaper.orphans(table, self._leaders())
         # A child forked by a launch whose pid is not known yet is a leader, not an orphan:
         # what started since the earliest such fork is neither recorded nor signalled now.
-        floor = min(self._forking.values(), default=None)
+        floor = self._forking_floor()
         pending = [o for o in found if floor is not None and o.start_time >= floor]
         found = [o for o in found if o not in pending]
         return processes.attribute_orphans(table, list(self.owned.values()), found) + pending
@@ -118,7 +122,15 @@ class Ownership:
         known = {(d.pid, d.start_time) for a in self.owned.values() for d in a.descendants} | self._reapable
         if self._reap_unknown:
             leaders = self._leaders()
-            known |= {(p.pid, p.start_time) for p in table.values() if p.ppid == os.getpid() and p.pid not in leaders}
+            # A leader still in its fork -> forked() window is not in `leaders` yet: its exit
+            # status belongs to its WorkerProcess (whose pidfd it may not have yet), and reaping
+            # it would free its pid for reuse while the launch still reads its identity.
+            floor = self._forking_floor()
+            known |= {
+                (p.pid, p.start_time)
+                for p in table.values()
+                if p.ppid == os.getpid() and p.pid not in leaders and (floor is None or p.start_time < floor)
+            }
         for pid in subreaper.reap(table, known):
             self._reapable = {r for r in self._reapable if r[0] != pid}
 

@@ -18,6 +18,7 @@ SDK), never through the environment (``/proc/<pid>/environ``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import grp
 import os
@@ -47,6 +48,30 @@ ABANDONED = 111
 # $0 names the trampoline in `ps`; stdin is the hold pipe until the exec; the
 # shell's own PWD stays out of the worker's allow-listed environment.
 TRAMPOLINE = f'read -r go && [ "$go" = go ] || exit {ABANDONED}; unset PWD; exec "$@" </dev/null'
+# Switches to the profile's user, then execs the trampoline. It runs in the fresh,
+# single-threaded process of an exec, never between fork and exec in the scheduler:
+# asking `subprocess` for user=/group=/extra_groups= makes CPython fork() (not
+# vfork()) the multi-threaded scheduler, and gRPC's atfork handlers then run in the
+# child before its exec, where they crash it (SIGSEGV) or hang it — and a hung child
+# blocks its spawn inside Popen for good. -I -S: nothing is imported from the workspace
+# (the cwd) or the environment while still root.
+SWITCH_USER = (
+    "import os, sys\n"
+    "uid, gid = int(sys.argv[1]), int(sys.argv[2])\n"
+    "try:\n"
+    "    if os.geteuid() == 0:\n"
+    "        os.setgroups([])\n"
+    "    os.setresgid(gid, gid, gid)\n"
+    "    os.setresuid(uid, uid, uid)\n"
+    "    os.execv(sys.argv[3], sys.argv[3:])\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write(f'taskgate-launch: cannot run as uid {uid} gid {gid}: {exc}\\n')\n"
+    f"    os._exit({ABANDONED})\n"
+)
+
+
+class LaunchFailed(OSError):
+    """The held worker is gone before its release: nothing of the command ran."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +108,10 @@ def resolve_user(user: str | None, group: str | None) -> RunAs | None:
     return RunAs(uid=entry.pw_uid, gid=gid, home=entry.pw_dir)
 
 
+# The exit waits of workers whose launch failed (kept referenced until they end).
+_abandoned: set[asyncio.Future[int]] = set()
+
+
 class WorkerProcess:
     """A spawned worker whose exit is awaited through a pidfd on the event loop.
 
@@ -95,9 +124,22 @@ class WorkerProcess:
         self._popen = popen  # kept: a collected Popen would reap the pid behind our back
         self.pid = popen.pid
         self.returncode: int | None = None
-        # Opened at once: the pid is still ours (the trampoline is held, so not yet reaped).
+        # Opened at once: the pid is still ours. The trampoline is held, and one that already
+        # died (say it could not switch users) is a zombie nobody reaps: the subreaper leaves
+        # the children of a launch's fork window alone (``Ownership.reap``).
         self._pidfd = os.pidfd_open(self.pid)
         self._done: asyncio.Future[int] | None = None
+
+    def abandon(self) -> None:
+        """Its launch failed, so nobody awaits it: reap it once it exits, as asyncio's watcher did.
+
+        Never left to the collected Popen: ``subprocess`` would reap its pid at some later
+        spawn, when the pid may already be another worker's.
+        """
+        if self._done is None:
+            self._done = asyncio.ensure_future(self._wait())
+            _abandoned.add(self._done)
+            self._done.add_done_callback(_abandoned.discard)
 
     async def wait(self) -> int:
         """The exit status (negative: the signal), once the process has ended."""
@@ -199,16 +241,17 @@ async def launch(
             os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
         finally:
             os.close(tok_w)
-        # The services run with umask 077 (private files); a worker gets the usual one.
-        extra: dict[str, object] = {"umask": 0o022}
+        held = ["/bin/sh", "-c", TRAMPOLINE, "taskgate-launch", *argv]
         if run_as is not None:
-            extra.update(user=run_as.uid, group=run_as.gid, extra_groups=[])
+            # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
+            held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
         with log_file:
-            # The fork and exec run in a thread, off the event loop.
+            # The fork and exec run in a thread, off the event loop. Never user=/group=/
+            # extra_groups=/preexec_fn= here: CPython would fork() instead of vfork().
             popen = await asyncio.to_thread(
                 functools.partial(
                     subprocess.Popen,
-                    ["/bin/sh", "-c", TRAMPOLINE, "taskgate-launch", *argv],
+                    held,
                     cwd=str(cwd),
                     env={**env, TOKEN_FD_ENV: str(tok_r)},
                     stdin=go_r,
@@ -216,7 +259,7 @@ async def launch(
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # own session, so its own process group
                     pass_fds=(tok_r,),
-                    **extra,  # type: ignore[arg-type]
+                    umask=0o022,  # the services run with umask 077 (private files); a worker gets the usual one
                 )
             )
             process = WorkerProcess(popen)
@@ -232,8 +275,16 @@ async def launch(
             await asyncio.to_thread(cgroups.add, cgroup, process.pid)
         # Held, so it is alive and this is the worker's identity (exec keeps it).
         launched.start_time = await asyncio.to_thread(proctree.start_time_of, process.pid)
+        if launched.start_time is None:
+            # Died while held (it could not switch users, or was killed): fail the launch now,
+            # rather than at the release with a broken pipe.
+            status: object = "unknown"
+            with contextlib.suppress(TimeoutError):  # dead already: its pidfd is readable at once
+                status = await asyncio.wait_for(process.wait(), 5)
+            raise LaunchFailed(f"the held worker exited before its release (status {status})")
     except BaseException:
         launched.abandon()
+        process.abandon()
         raise
     return launched
 

@@ -106,6 +106,31 @@ async def test_a_failure_after_the_spawn_stops_the_tree(tmp_path: Path) -> None:
         await h.close()
 
 
+async def test_any_error_before_the_release_fails_the_launch_and_frees_its_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.scheduler import processes
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the cgroup write went wrong in an unexpected way")
+
+    h = await start_harness(tmp_path)
+    try:
+        monkeypatch.setattr(processes, "launch", broken)
+        task = await h.create("sleeper")
+        assert await h.engine.dispatch_once() == 0
+        # Never left queued with a leaked running slot (dispatch would skip it forever).
+        done = await h.wait(task.task_id, [State.FAILED], timeout_s=5)
+        assert done.failure and done.failure.code == "WORKER_LAUNCH_FAILED"
+        assert "unexpected way" in done.failure.message
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert attempts[0].state == "ended" and attempts[0].outcome == "launch_failed"
+        assert not h.engine.runtime.live and not h.engine.runtime.by_token
+        assert not h.engine.ownership.owned
+    finally:
+        await h.close()
+
+
 @pytest.mark.parametrize("command", [["/nonexistent/worker"], ["no-such-worker-command"]])
 async def test_a_worker_that_cannot_start_fails_the_launch(tmp_path: Path, command: list[str]) -> None:
     from libs.settings import WorkerProfile

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import pwd
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from libs import proctree
 from services.scheduler import processes
@@ -144,3 +150,124 @@ async def test_a_held_launch_runs_nothing_unless_released(tmp_path: Path) -> Non
     released.release()
     assert await released.process.wait() == 0 and marker.exists()
     assert (tmp_path / "token").read_text() == "tok", "the token arrives through its pipe"
+
+
+def _can_switch_to_nobody() -> bool:
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        return False
+    return os.geteuid() == 0
+
+
+@pytest.mark.skipif(not _can_switch_to_nobody(), reason="needs root and the user nobody")
+async def test_held_launches_as_another_user_survive_busy_grpc_threads(tmp_path: Path) -> None:
+    """The launch of a worker with its own user never forks the scheduler (regression).
+
+    With ``user=``/``group=`` CPython forks instead of vforking, and gRPC's atfork
+    handlers then ran in the child while gRPC threads were busy: about half the held
+    trampolines died (SIGSEGV) before their release, or hung before their exec.
+    """
+    entry = pwd.getpwnam("nobody")
+    run_as = processes.RunAs(uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stop = asyncio.Event()
+
+    async def traffic() -> None:  # keeps gRPC's threads calling into the core during every spawn
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while not stop.is_set():
+                await stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
+
+    callers = [asyncio.create_task(traffic()) for _ in range(4)]
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.chown(workspace, entry.pw_uid, entry.pw_gid)
+    env = {"PATH": os.environ["PATH"]}
+    try:
+        await asyncio.sleep(0.1)
+        for i in range(20):
+            log_path = tmp_path / f"{i}.log"
+            held = await asyncio.wait_for(
+                processes.launch(["sh", "-c", "id -u; id -G"], workspace, env, log_path, "tok", run_as=run_as), 20
+            )
+            assert held.start_time is not None, f"launch {i}: the held worker died before its release"
+            held.release()
+            assert await asyncio.wait_for(held.process.wait(), 20) == 0, log_path.read_text()
+            uid, groups = log_path.read_text().split("\n")[:2]
+            assert uid == str(entry.pw_uid) and groups.split() == [str(entry.pw_gid)], "user and groups switched"
+    finally:
+        stop.set()
+        await asyncio.gather(*callers, return_exceptions=True)
+        await server.stop(None)
+
+
+async def test_the_spawn_never_asks_subprocess_to_switch_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """user=/group=/extra_groups=/preexec_fn= would make CPython fork() the multi-threaded scheduler."""
+    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    class SpyPopen(subprocess.Popen[bytes]):  # every spawn goes through Popen, asyncio's too
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            seen.append((args, kwargs))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", SpyPopen)
+    run_as = processes.RunAs(uid=os.getuid(), gid=os.getgid(), home=str(tmp_path))
+    held = await processes.launch(
+        ["true"], tmp_path, {"PATH": os.environ["PATH"]}, tmp_path / "l.log", "t", run_as=run_as
+    )
+    held.release()
+    assert await held.process.wait() == 0
+    assert len(seen) == 1
+    args, kwargs = seen[0]
+    assert not {"user", "group", "extra_groups", "preexec_fn"} & set(kwargs)
+    # The switch happens after an exec instead: the spawned program is the SWITCH_USER step.
+    argv = list(args[0] if args else kwargs["args"])
+    assert argv[:5] == [sys.executable, "-I", "-S", "-c", processes.SWITCH_USER]
+
+
+async def test_a_worker_that_dies_while_held_fails_the_launch_before_any_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = proctree.start_time_of
+    killed: list[int] = []
+
+    def kill_first(pid: int) -> int | None:  # the held process dies before its identity is read
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        deadline = time.monotonic() + 10
+        while (stat := proctree.read_stat(pid)) is not None and stat.alive:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return real(pid)
+
+    monkeypatch.setattr(proctree, "start_time_of", kill_first)
+    with pytest.raises(processes.LaunchFailed, match="exited before its release"):
+        await processes.launch(["true"], tmp_path, {"PATH": os.environ["PATH"]}, tmp_path / "l.log", "t")
+    assert killed
+
+
+async def test_a_launch_failing_after_the_spawn_still_reaps_its_held_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.scheduler import cgroups
+
+    spawned: list[int] = []
+
+    def broken_add(cgroup: Path, pid: int) -> None:
+        spawned.append(pid)
+        raise OSError("cgroup.procs is not writable")
+
+    monkeypatch.setattr(cgroups, "add", broken_add)
+    with pytest.raises(OSError, match="not writable"):
+        await processes.launch(
+            ["true"], tmp_path, {"PATH": os.environ["PATH"]}, tmp_path / "l.log", "t", cgroup=tmp_path / "cg"
+        )
+    (pid,) = spawned
+    deadline = time.monotonic() + 10
+    while proctree.read_stat(pid) is not None:  # the abandoned trampoline exits and is reaped, not left a zombie
+        assert time.monotonic() < deadline, "the held worker of a failed launch was never reaped"
+        await asyncio.sleep(0.02)

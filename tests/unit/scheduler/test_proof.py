@@ -20,7 +20,8 @@ from libs import proctree
 from libs.db import Database
 from libs.settings import WorkerProfile
 from services.scheduler import cgroups
-from services.scheduler.domain import State, Task
+from services.scheduler.domain import Attempt, State, Task
+from services.scheduler.ownership import Ownership
 from services.scheduler.store import MIGRATIONS
 from tests.support.postgres import fresh_database
 from tests.unit.scheduler.test_engine import Harness, running, start_harness
@@ -196,3 +197,30 @@ async def test_a_child_still_being_launched_is_never_taken_for_an_orphan(tmp_pat
             child.kill()
             child.wait()
         await h.close()
+
+
+async def test_a_leader_that_dies_in_its_fork_window_is_left_to_asyncio_never_reaped() -> None:
+    """A supervisor pass between a launch's fork and ``forked()`` must not reap the new child.
+
+    Its pid is not a known leader yet; reaping it would steal asyncio's exit status and
+    free the pid for reuse while the launch still reads the worker's identity.
+    """
+    own = Ownership(proctree.process_table, lambda: set(), reap_unknown=True)
+    own.subreaper = True  # as in the real scheduler, where every unknown child is an orphan
+    attempt = Attempt(attempt_id="f" * 32, task_id="t" * 32, number=1, boot_id="b", token_hash="h")
+    await own.forking(attempt)
+    child = subprocess.Popen(["true"])  # forked in the window, dies before its pid is recorded
+    try:
+        deadline = time.monotonic() + 10
+        while (stat := proctree.read_stat(child.pid)) is not None and stat.alive:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert stat is not None, "a zombie until someone waits for it"
+        own.look_after({child.pid: stat})  # the supervisor's pass, limited to this child
+        assert proctree.read_stat(child.pid) is not None, "reaped in the fork window"
+        own.forked(attempt)
+        own.look_after({child.pid: stat})  # once the window closed, an unknown zombie child is reaped
+        assert proctree.read_stat(child.pid) is None
+    finally:
+        child.wait()
+        own.drop(attempt)
