@@ -1,12 +1,18 @@
 """Task throughput, launch rate and cancel latency against the real five-process system.
 
 Run: .venv/bin/python bench/bench_tasks.py   (or `make bench`)
+     .venv/bin/python bench/bench_tasks.py --throughput 1000 [--rounds 3] [--profile out.svg]
+       only REST created -> completed for N `/bin/true` workers, a fresh stack per round, with
+       the scheduler's CPU per task (and a py-spy flame graph of the scheduler when asked)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -186,6 +192,82 @@ async def main() -> None:
         )
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (from /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float]:
+    """(tasks/s created -> completed, scheduler CPU ms per task) for N `/bin/true` tasks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = make_stack(Path(tmp), max_running=64, cancel_grace_ms=1000)
+        stack.start()
+        try:
+            key = create_key(stack, "bench", AGENT)
+            add_member(stack, AGENT, SESSION, "bench")
+            base = f"{stack.http_url}/api/v1/agents/{AGENT}/sessions/{SESSION}"
+            scheduler = stack.procs["scheduler"].proc
+            assert scheduler is not None
+            spy = None
+            if profile_to:
+                spy = await asyncio.create_subprocess_exec(
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "-o",
+                    profile_to,
+                    "-p",
+                    str(scheduler.pid),
+                    "--nonblocking",
+                    "-r",
+                    "200",
+                    *(["--format", "raw"] if profile_to.endswith(".txt") else []),
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
+                await asyncio.sleep(1.0)
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+                sem = asyncio.Semaphore(16)
+
+                async def create() -> None:
+                    async with sem:
+                        r = await http.post(f"{base}/tasks", json={"title": "b", "profile": "true"})
+                        r.raise_for_status()
+
+                cpu0 = cpu_seconds(scheduler.pid)
+                began = time.perf_counter()
+                await asyncio.gather(*(create() for _ in range(n)))
+                while True:
+                    r = await http.get(f"{base}/tasks", params={"page_size": 1})
+                    if r.json()["total"] == 0:
+                        break
+                    await asyncio.sleep(0.02)
+                total_s = time.perf_counter() - began
+                cpu_ms = (cpu_seconds(scheduler.pid) - cpu0) * 1000
+                r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
+                completed = r.json()["total"]
+                assert completed == n, completed
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                await spy.wait()
+            return n / total_s, cpu_ms / n
+        finally:
+            stack.stop()
+
+
+async def throughput_main(n: int, rounds: int, profile_to: str | None) -> None:
+    rates, cpus = [], []
+    for r in range(rounds):
+        rate, cpu = await throughput_round(n, profile_to if r == 0 else None)
+        rates.append(rate)
+        cpus.append(cpu)
+        print(f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, scheduler CPU {cpu:5.2f} ms/task", flush=True)
+    print(
+        f"REST created->completed, /bin/true workers, N={n} (median of {rounds}): "
+        f"{statistics.median(rates):7.1f} tasks/s, scheduler CPU {statistics.median(cpus):5.2f} ms/task"
+    )
+
+
 async def _wait(channel: grpc.aio.Channel, task_id: str, done: object) -> None:
     stream = pb_grpc.SchedulerServiceStub(channel).WatchTasks(pb.WatchTasksRequest(task_id=task_id), timeout=60)
     async for event in stream:
@@ -195,4 +277,12 @@ async def _wait(channel: grpc.aio.Channel, task_id: str, done: object) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--throughput", type=int, default=0, help="only created->completed for N /bin/true tasks")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", default=None, help="py-spy flame graph of the scheduler (first round)")
+    args = parser.parse_args()
+    if args.throughput:
+        asyncio.run(throughput_main(args.throughput, args.rounds, args.profile))
+    else:
+        asyncio.run(main())

@@ -46,6 +46,8 @@ class TaskCatalog:
             workspace_path=str(workspace),
         )
         task, stored = await rt.store.create_task(task)
+        if stored is not None:
+            rt.never_asked.add(task.task_id)
         rt.published(stored, task)
         rt.wake.set()
         return task

@@ -197,8 +197,6 @@ class Launcher:
                 return False
             rt.published(stored, task)
             log.info("worker_started", task_id=task_id, attempt=attempt.number, pid=launched.pid)
-            if launched.start_time is not None:
-                rt.telemetry.watch(task_id, launched.pid, launched.start_time)
             rt.spawn(self.wait_exit(task_id, live), f"wait-{task_id}")
             return True
 
@@ -230,7 +228,8 @@ class Launcher:
         returncode = await live.process.wait()
         live.returncode = returncode
         live.exited.set()
-        rt.telemetry.unwatch(task_id)
+        if live.watched:
+            rt.telemetry.unwatch(task_id)
         attempt = live.attempt
         attempt.ended_at = rt.clock.now_ms()
         attempt.exit_code = returncode if returncode >= 0 else None

@@ -5,7 +5,7 @@ Set up once at start-up (``start``): the scheduler becomes the child subreaper,
 and per-attempt cgroups are used where the host allows them; the mode in force is
 logged. Orphans re-parented to the scheduler are attributed to the one attempt
 they can belong to (``processes.attribute_orphans``); their zombies are reaped by
-pid, never a worker leader's (asyncio waits for those).
+pid, never a worker leader's (its ``processes.WorkerProcess`` waits for those).
 """
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ class Ownership:
         if self._reap_unknown:
             leaders = self._leaders()
             # A leader still in its fork -> forked() window is not in `leaders` yet: its exit
-            # status belongs to asyncio, and reaping it would free its pid for reuse while
-            # the launch still reads its identity.
+            # status belongs to its WorkerProcess (whose pidfd it may not have yet), and reaping
+            # it would free its pid for reuse while the launch still reads its identity.
             floor = self._forking_floor()
             known |= {
                 (p.pid, p.start_time)

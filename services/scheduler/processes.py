@@ -18,16 +18,19 @@ SDK), never through the environment (``/proc/<pid>/environ``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import grp
 import os
 import pwd
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import structlog
 
@@ -50,7 +53,7 @@ TRAMPOLINE = f'read -r go && [ "$go" = go ] || exit {ABANDONED}; unset PWD; exec
 # asking `subprocess` for user=/group=/extra_groups= makes CPython fork() (not
 # vfork()) the multi-threaded scheduler, and gRPC's atfork handlers then run in the
 # child before its exec, where they crash it (SIGSEGV) or hang it — and a hung child
-# blocks the event loop inside Popen. -I -S: nothing is imported from the workspace
+# blocks its spawn inside Popen for good. -I -S: nothing is imported from the workspace
 # (the cwd) or the environment while still root.
 SWITCH_USER = (
     "import os, sys\n"
@@ -105,9 +108,77 @@ def resolve_user(user: str | None, group: str | None) -> RunAs | None:
     return RunAs(uid=entry.pw_uid, gid=gid, home=entry.pw_dir)
 
 
+# The exit waits of workers whose launch failed (kept referenced until they end).
+_abandoned: set[asyncio.Future[int]] = set()
+
+
+class WorkerProcess:
+    """A spawned worker whose exit is awaited through a pidfd on the event loop.
+
+    No thread per child (asyncio's default child watcher on 3.11 keeps one blocked
+    in ``waitpid`` per process). Only the leader's own pid is waited for; the
+    subreaper reaps re-parented orphans by pid, never a leader.
+    """
+
+    def __init__(self, popen: subprocess.Popen[Any]) -> None:
+        self._popen = popen  # kept: a collected Popen would reap the pid behind our back
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        # Opened at once: the pid is still ours. The trampoline is held, and one that already
+        # died (say it could not switch users) is a zombie nobody reaps: the subreaper leaves
+        # the children of a launch's fork window alone (``Ownership.reap``).
+        self._pidfd = os.pidfd_open(self.pid)
+        self._done: asyncio.Future[int] | None = None
+
+    def abandon(self) -> None:
+        """Its launch failed, so nobody awaits it: reap it once it exits, as asyncio's watcher did.
+
+        Never left to the collected Popen: ``subprocess`` would reap its pid at some later
+        spawn, when the pid may already be another worker's.
+        """
+        if self._done is None:
+            self._done = asyncio.ensure_future(self._wait())
+            _abandoned.add(self._done)
+            self._done.add_done_callback(_abandoned.discard)
+
+    async def wait(self) -> int:
+        """The exit status (negative: the signal), once the process has ended."""
+        if self._done is None:
+            self._done = asyncio.ensure_future(self._wait())
+        return await asyncio.shield(self._done)
+
+    async def _wait(self) -> int:
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(self._pidfd, ready)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+        code = 255
+        try:
+            while True:
+                # The pidfd is readable once the process has exited, so this returns at once.
+                pid, status = os.waitpid(self.pid, os.WNOHANG)  # noqa: ASYNC222 (WNOHANG)
+                if pid:
+                    code = os.waitstatus_to_exitcode(status)
+                    break
+                await asyncio.sleep(POLL_S)
+        except ChildProcessError:  # reaped by someone else: the status is lost
+            log.warning("worker_exit_status_lost", pid=self.pid)
+        self.returncode = self._popen.returncode = code
+        return code
+
+
 @dataclass
 class Launched:
-    process: asyncio.subprocess.Process
+    process: WorkerProcess
     pid: int
     pgid: int
     start_time: int | None
@@ -175,17 +246,23 @@ async def launch(
             # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
             held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
         with log_file:
-            process = await asyncio.create_subprocess_exec(
-                *held,
-                cwd=str(cwd),
-                env={**env, TOKEN_FD_ENV: str(tok_r)},
-                stdin=go_r,
-                stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,  # own session, so its own process group
-                pass_fds=(tok_r,),
-                umask=0o022,  # the services run with umask 077 (private files); a worker gets the usual one
+            # The fork and exec run in a thread, off the event loop. Never user=/group=/
+            # extra_groups=/preexec_fn= here: CPython would fork() instead of vfork().
+            popen = await asyncio.to_thread(
+                functools.partial(
+                    subprocess.Popen,
+                    held,
+                    cwd=str(cwd),
+                    env={**env, TOKEN_FD_ENV: str(tok_r)},
+                    stdin=go_r,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own session, so its own process group
+                    pass_fds=(tok_r,),
+                    umask=0o022,  # the services run with umask 077 (private files); a worker gets the usual one
+                )
             )
+            process = WorkerProcess(popen)
     except BaseException:
         os.close(go_w)
         raise
@@ -201,10 +278,13 @@ async def launch(
         if launched.start_time is None:
             # Died while held (it could not switch users, or was killed): fail the launch now,
             # rather than at the release with a broken pipe.
-            status = process.returncode if process.returncode is not None else "unknown"
+            status: object = "unknown"
+            with contextlib.suppress(TimeoutError):  # dead already: its pidfd is readable at once
+                status = await asyncio.wait_for(process.wait(), 5)
             raise LaunchFailed(f"the held worker exited before its release (status {status})")
     except BaseException:
         launched.abandon()
+        process.abandon()
         raise
     return launched
 
@@ -393,9 +473,13 @@ class StopContext:
     cgroup_kill: bool = True  # the cgroup offers cgroup.kill (else freeze + SIGKILL)
 
 
-def look(attempt: Attempt, ctx: StopContext) -> TreeStatus:
-    """One pass (blocking; run it in a thread): record what is new, then say what still lives."""
-    table = ctx.table_reader()
+def look(attempt: Attempt, ctx: StopContext, table: dict[int, proctree.ProcStat] | None = None) -> TreeStatus:
+    """One pass (blocking; run it in a thread): record what is new, then say what still lives.
+
+    ``table``: a process table read after the moment in question (else one is read here).
+    """
+    if table is None:
+        table = ctx.table_reader()
     record_descendants(attempt, table)
     unattributed = ctx.orphan_check(table) if ctx.orphan_check is not None else []
     record_descendants(attempt, table)

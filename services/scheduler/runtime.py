@@ -23,6 +23,7 @@ from services.scheduler import processes
 from services.scheduler.domain import Attempt, Task
 from services.scheduler.events import EventHub
 from services.scheduler.ownership import Ownership
+from services.scheduler.scans import SharedScan
 from services.scheduler.store import SchedulerStore, StoredEvent
 
 
@@ -60,12 +61,14 @@ def hash_token(token: str) -> str:
 class LiveAttempt:
     attempt: Attempt
     profile: WorkerProfile
-    process: asyncio.subprocess.Process | None = None
+    process: processes.WorkerProcess | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     returncode: int | None = None
     # Set (under the task lock) once taskgate itself is stopping the tree, so the
     # exit waiter leaves the outcome to the stopper.
     stopping: bool = False
+    # Registered with the telemetry agent (at the first supervisor pass that finds it alive).
+    watched: bool = False
 
 
 class Runtime:
@@ -92,6 +95,7 @@ class Runtime:
         self.boot_id = boot_id or uuid.uuid4().hex
         self.hub = EventHub()
         self.table_reader = table_reader
+        self.scans = SharedScan(table_reader)
         self.live: dict[str, LiveAttempt] = {}  # task_id -> attempt being run now
         self.by_token: dict[str, LiveAttempt] = {}
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -99,6 +103,11 @@ class Runtime:
         self.questions_wake = asyncio.Event()  # the question closer looks at its outbox when set
         self.background: set[asyncio.Task[Any]] = set()
         self.closing = False
+        # Tasks created by this incarnation that have not asked a question: their ending
+        # needs no CancelQuestions call to the pending-registry. A task of an earlier
+        # incarnation may have asked before a crash, so it is never in here.
+        self.never_asked: set[str] = set()
+        store.may_have_asked = lambda task: task.task_id not in self.never_asked or task.pending_question is not None
         # The worker API's address for a worker uid (see ``worker_api.WorkerSockets``).
         self.worker_addr: Callable[[int | None], str] = worker_addr or (lambda uid: "")
         self.ownership = Ownership(table_reader, self.leader_pids, reap_unknown_orphans)
@@ -130,5 +139,6 @@ class Runtime:
             self.hub.publish(stored.type, stored.at, task)
             if task.terminal and stored.type == "task.state_changed":
                 self.questions_wake.set()  # its question-close outbox row (if any) was committed with it
+                self.never_asked.discard(task.task_id)
         elif event_type is not None:
             self.hub.publish(event_type, self.clock.now_ms(), task)

@@ -43,7 +43,9 @@ class Stopper:
     async def reap_leftovers(self, live: LiveAttempt) -> None:
         """Processes a worker leaves behind (group, cgroup, recorded daemons) end with it."""
         ownership = self.rt.ownership
-        status = await asyncio.to_thread(processes.look, live.attempt, ownership.stop_context())
+        # A table read after the exit, shared with other exits and the supervisor tick.
+        table = await self.rt.scans.fresh()
+        status = await asyncio.to_thread(processes.look, live.attempt, ownership.stop_context(), table)
         if status.gone:
             ownership.drop(live.attempt)
             if live.attempt.cgroup:

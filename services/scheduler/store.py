@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, and_, func, or_, text
+import sqlalchemy as sa
+from sqlalchemy import BigInteger, ColumnElement, func, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -26,6 +28,7 @@ from services.scheduler.domain import (
     check_transition,
     closes_questions,
 )
+from services.scheduler.group_commit import GroupCommit
 
 MIGRATIONS = [
     Migration(
@@ -64,7 +67,18 @@ MIGRATIONS = [
             "CREATE INDEX ix_question_closes_next ON question_closes (next_at)",
         ],
     ),
+    Migration(
+        3,
+        "session task list by state",
+        # The default list (a session's unfinished tasks, newest first) and the watch
+        # snapshot seek the session's active states instead of reading all its rows.
+        ["CREATE INDEX ix_tasks_session_state ON tasks (agent_id, session_id, state, created_at)"],
+    ),
 ]
+
+# Every state a task can be in before it finishes: the default list and the watch
+# snapshot name them (an IN list seeks the index; NOT IN would scan the session).
+UNFINISHED = tuple(s.value for s in State if s not in TERMINAL)
 
 
 class TaskRow(SQLModel, table=True):
@@ -122,30 +136,57 @@ def _task_as_of_event(row: TaskEventRow, task: Task) -> Task:
     return task
 
 
-def _task_from_row(row: TaskRow) -> Task:
+def _task_from_row(row: Any) -> Task:
     return Task.model_validate_json(row.doc)
 
 
-def _write_task(session: Session, task: Task, row: TaskRow | None = None) -> None:
+# The hot statements in SQLAlchemy Core over the same tables: no unit of work, no
+# identity map, compiled once. Task and event rows are never loaded as ORM objects,
+# so no unit in a group commit can see another's stale copy.
+TASKS = TaskRow.__table__  # type: ignore[attr-defined]
+EVENTS = TaskEventRow.__table__  # type: ignore[attr-defined]
+_SELECT_TASK = sa.select(TASKS.c.doc).where(TASKS.c.task_id == sa.bindparam("task_id"))
+_SELECT_TASK_FOR_UPDATE = _SELECT_TASK.with_for_update()
+_UPDATE_TASK = (
+    sa.update(TASKS)
+    .where(TASKS.c.task_id == sa.bindparam("k_task_id"))
+    .values(state=sa.bindparam("state"), updated_at=sa.bindparam("updated_at"), doc=sa.bindparam("doc"))
+)
+_INSERT_TASK = sa.insert(TASKS)
+_INSERT_EVENT = sa.insert(EVENTS)
+ATTEMPTS = AttemptRow.__table__  # type: ignore[attr-defined]
+QUESTION_CLOSES = QuestionCloseRow.__table__  # type: ignore[attr-defined]
+_SELECT_QUESTION_CLOSE = sa.select(QUESTION_CLOSES.c.task_id).where(
+    QUESTION_CLOSES.c.task_id == sa.bindparam("task_id")
+)
+_INSERT_QUESTION_CLOSE = sa.insert(QUESTION_CLOSES)
+_SELECT_ATTEMPTS = (
+    sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.task_id == sa.bindparam("task_id")).order_by(ATTEMPTS.c.number)
+)
+
+
+def _write_task(session: Session, task: Task, new: bool = False) -> None:
     doc = task.model_dump_json(exclude_none=True)
-    if row is None:
-        session.add(
-            TaskRow(
-                task_id=task.task_id,
-                agent_id=task.agent_id,
-                session_id=task.session_id,
-                state=task.state.value,
-                request_id=task.request_id,
-                created_at=task.created_at,
-                updated_at=task.updated_at,
-                doc=doc,
-            )
+    conn = session.connection()
+    if new:
+        conn.execute(
+            _INSERT_TASK,
+            {
+                "task_id": task.task_id,
+                "agent_id": task.agent_id,
+                "session_id": task.session_id,
+                "state": task.state.value,
+                "request_id": task.request_id,
+                "created_at": task.created_at,
+                "updated_at": task.updated_at,
+                "doc": doc,
+            },
         )
     else:
-        row.state = task.state.value
-        row.updated_at = task.updated_at
-        row.doc = doc
-        session.add(row)
+        conn.execute(
+            _UPDATE_TASK,
+            {"k_task_id": task.task_id, "state": task.state.value, "updated_at": task.updated_at, "doc": doc},
+        )
 
 
 def _event_doc(task: Task, event_type: str) -> dict[str, object]:
@@ -157,22 +198,36 @@ def _event_doc(task: Task, event_type: str) -> dict[str, object]:
     return doc
 
 
-def _append_event(session: Session, task: Task, event_type: str, at: int) -> TaskEventRow:
-    event = TaskEventRow(
-        task_id=task.task_id,
-        type=event_type,
-        at=at,
-        state=task.state.value,
-        doc=json.dumps(_event_doc(task, event_type)),
+def _append_event(session: Session, task: Task, event_type: str, at: int) -> StoredEvent:
+    result = session.connection().execute(
+        _INSERT_EVENT,
+        {
+            "task_id": task.task_id,
+            "type": event_type,
+            "at": at,
+            "state": task.state.value,
+            "doc": json.dumps(_event_doc(task, event_type)),
+        },
     )
-    session.add(event)
-    session.flush()
-    return event
+    key = result.inserted_primary_key
+    assert key is not None
+    return StoredEvent(int(key[0]), event_type, at, task)
+
+
+def _rows(session: Session, stmt: Any, params: dict[str, Any] | None = None) -> list[Any]:
+    return list(session.connection().execute(stmt, params or {}).all())
 
 
 class SchedulerStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        # Every unit of work goes through one group commit: concurrent tasks' changes
+        # share a transaction (each in its own savepoint), committed before anyone hears.
+        self.group = GroupCommit(db)
+        self._run = self.group.run
+        # Whether a task that is ending may hold a question in the pending-registry; the
+        # runtime narrows it (a task of this incarnation that never asked needs no close).
+        self.may_have_asked: Callable[[Task], bool] = lambda task: True
 
     # --- tasks -------------------------------------------------------------
 
@@ -181,41 +236,51 @@ class SchedulerStore:
 
         def work(s: Session) -> tuple[Task, StoredEvent | None]:
             if task.request_id:
-                existing = s.exec(
-                    select(TaskRow).where(
-                        TaskRow.agent_id == task.agent_id,
-                        TaskRow.session_id == task.session_id,
-                        TaskRow.request_id == task.request_id,
-                    )
-                ).first()
-                if existing is not None:
-                    return _task_from_row(existing), None
-            _write_task(s, task)
-            s.flush()
-            event = _append_event(s, task, "task.state_changed", task.created_at)
-            return task, StoredEvent(event.id or 0, event.type, event.at, task)
+                existing = _rows(
+                    s,
+                    sa.select(TASKS.c.doc).where(
+                        TASKS.c.agent_id == task.agent_id,
+                        TASKS.c.session_id == task.session_id,
+                        TASKS.c.request_id == task.request_id,
+                    ),
+                )
+                if existing:
+                    return _task_from_row(existing[0]), None
+            _write_task(s, task, new=True)
+            return task, _append_event(s, task, "task.state_changed", task.created_at)
 
         try:
-            return await self.db.run(work)
+            return await self._run(work)
         except IntegrityError:
             # A concurrent create with the same request id won the unique index: return its task.
-            return await self.db.run(work)
+            return await self._run(work)
 
     async def get_task(self, task_id: str) -> Task:
         def work(s: Session) -> Task:
-            row = s.get(TaskRow, task_id)
-            if row is None:
+            rows = _rows(s, _SELECT_TASK, {"task_id": task_id})
+            if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
-            return _task_from_row(row)
+            return _task_from_row(rows[0])
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def find_task(self, task_id: str) -> Task | None:
         def work(s: Session) -> Task | None:
-            row = s.get(TaskRow, task_id)
-            return _task_from_row(row) if row else None
+            rows = _rows(s, _SELECT_TASK, {"task_id": task_id})
+            return _task_from_row(rows[0]) if rows else None
 
-        return await self.db.run(work)
+        return await self._run(work)
+
+    async def find_tasks(self, task_ids: list[str]) -> dict[str, Task]:
+        """The tasks of ``task_ids`` that exist, in one query."""
+        if not task_ids:
+            return {}
+
+        def work(s: Session) -> dict[str, Task]:
+            rows = _rows(s, sa.select(TASKS.c.task_id, TASKS.c.doc).where(TASKS.c.task_id.in_(task_ids)))
+            return {r.task_id: _task_from_row(r) for r in rows}
+
+        return await self._run(work)
 
     async def list_tasks(
         self,
@@ -229,24 +294,22 @@ class SchedulerStore:
         """(total, tasks of the clamped page), newest first."""
 
         def work(s: Session) -> tuple[int, list[Task]]:
-            where: list[ColumnElement[bool]] = [
-                col(TaskRow.agent_id) == agent_id,
-                col(TaskRow.session_id) == session_id,
-            ]
+            where: list[ColumnElement[bool]] = [TASKS.c.agent_id == agent_id, TASKS.c.session_id == session_id]
             if not include_finished:
-                where.append(col(TaskRow.state).not_in([t.value for t in TERMINAL]))
-            total = s.exec(select(func.count()).select_from(TaskRow).where(*where)).one()
+                where.append(TASKS.c.state.in_(UNFINISHED))
+            total = int(_rows(s, sa.select(func.count()).select_from(TASKS).where(*where))[0][0])
             page_index = clamp(total)
-            rows = s.exec(
-                select(TaskRow)
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.doc)
                 .where(*where)
-                .order_by(col(TaskRow.created_at).desc(), col(TaskRow.task_id).desc())
+                .order_by(TASKS.c.created_at.desc(), TASKS.c.task_id.desc())
                 .offset(page_index * page_size)
-                .limit(page_size)
-            ).all()
+                .limit(page_size),
+            )
             return total, [_task_from_row(r) for r in rows]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def tasks_in_states(
         self,
@@ -278,20 +341,20 @@ class SchedulerStore:
         self, values: list[str], after: tuple[int, str] | None, limit: int, session: tuple[str, str] | None
     ) -> list[Task]:
         def work(s: Session) -> list[Task]:
-            query = select(TaskRow).where(col(TaskRow.state).in_(values))
+            query = sa.select(TASKS.c.doc).where(TASKS.c.state.in_(values))
             if session is not None:
-                query = query.where(TaskRow.agent_id == session[0], TaskRow.session_id == session[1])
+                query = query.where(TASKS.c.agent_id == session[0], TASKS.c.session_id == session[1])
             if after is not None:
                 query = query.where(
-                    or_(
-                        col(TaskRow.created_at) > after[0],
-                        and_(col(TaskRow.created_at) == after[0], col(TaskRow.task_id) > after[1]),
+                    sa.or_(
+                        TASKS.c.created_at > after[0],
+                        sa.and_(TASKS.c.created_at == after[0], TASKS.c.task_id > after[1]),
                     )
                 )
-            rows = s.exec(query.order_by(col(TaskRow.created_at), col(TaskRow.task_id)).limit(limit)).all()
+            rows = _rows(s, query.order_by(TASKS.c.created_at, TASKS.c.task_id).limit(limit))
             return [_task_from_row(r) for r in rows]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def update_task(
         self,
@@ -312,56 +375,60 @@ class SchedulerStore:
             # FOR UPDATE: concurrent changes of one task (a report racing the exit
             # handler) serialize on PostgreSQL instead of losing an update. SQLite
             # already serializes writers (BEGIN IMMEDIATE).
-            row = s.exec(select(TaskRow).where(TaskRow.task_id == task_id).with_for_update()).first()
-            if row is None:
+            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+            if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
-            before = _task_from_row(row)
-            after = change(before.model_copy(deep=True))
+            before = _task_from_row(rows[0])
+            # Parsed again rather than deep-copied: the same cost, and `before` stays untouched.
+            after = change(_task_from_row(rows[0]))
             if after is None:
                 return before, None
             if after.state != before.state:
                 check_transition(before.state, after.state)
             after.version = before.version + 1
-            _write_task(s, after, row)
+            _write_task(s, after)
             if attempt is not None:
                 _write_attempt(s, attempt)
-            if closes_questions(before, after) and s.get(QuestionCloseRow, task_id) is None:
-                s.add(QuestionCloseRow(task_id=task_id, attempts=0, next_at=at))
-            event = _append_event(s, after, event_type, at) if event_type else None
-            return after, (StoredEvent(event.id or 0, event.type, event.at, after) if event else None)
+            if (
+                closes_questions(before, after)
+                and self.may_have_asked(before)
+                and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": task_id})
+            ):
+                s.connection().execute(_INSERT_QUESTION_CLOSE, {"task_id": task_id, "attempts": 0, "next_at": at})
+            return after, (_append_event(s, after, event_type, at) if event_type else None)
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def due_question_closes(self, now: int, limit: int = 100) -> list[tuple[str, int]]:
         """Finished tasks whose questions are due to be closed: (task id, attempts so far)."""
 
         def work(s: Session) -> list[tuple[str, int]]:
-            rows = s.exec(
-                select(QuestionCloseRow)
-                .where(QuestionCloseRow.next_at <= now)
-                .order_by(col(QuestionCloseRow.next_at))
-                .limit(limit)
-            ).all()
+            rows = _rows(
+                s,
+                sa.select(QUESTION_CLOSES.c.task_id, QUESTION_CLOSES.c.attempts)
+                .where(QUESTION_CLOSES.c.next_at <= now)
+                .order_by(QUESTION_CLOSES.c.next_at)
+                .limit(limit),
+            )
             return [(r.task_id, r.attempts) for r in rows]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def question_close_done(self, task_id: str) -> None:
         def work(s: Session) -> None:
-            row = s.get(QuestionCloseRow, task_id)
-            if row is not None:
-                s.delete(row)
+            s.connection().execute(sa.delete(QUESTION_CLOSES).where(QUESTION_CLOSES.c.task_id == task_id))
 
-        await self.db.run(work)
+        await self._run(work)
 
     async def question_close_failed(self, task_id: str, attempts: int, next_at: int) -> None:
         def work(s: Session) -> None:
-            row = s.get(QuestionCloseRow, task_id)
-            if row is not None:
-                row.attempts, row.next_at = attempts, next_at
-                s.add(row)
+            s.connection().execute(
+                sa.update(QUESTION_CLOSES)
+                .where(QUESTION_CLOSES.c.task_id == task_id)
+                .values(attempts=attempts, next_at=next_at)
+            )
 
-        await self.db.run(work)
+        await self._run(work)
 
     async def events_after(
         self, sequence: int, types: Iterable[str], limit: int, recheck: Iterable[int] = ()
@@ -384,7 +451,7 @@ class SchedulerStore:
             picked = [r for r in rows if not wanted or r.type in wanted]
             task_ids = {r.task_id for r in picked}
             tasks = (
-                {t.task_id: t for t in s.exec(select(TaskRow).where(col(TaskRow.task_id).in_(task_ids))).all()}
+                {t.task_id: t for t in _rows(s, sa.select(TASKS).where(TASKS.c.task_id.in_(task_ids)))}
                 if task_ids
                 else {}
             )
@@ -394,43 +461,50 @@ class SchedulerStore:
             ]
             return [r.id or 0 for r in rows], events
 
+        # Its own transaction, never in a group: it must see only what has committed
+        # (a follower acts on what it reads).
         return await self.db.run(work)
 
     # --- attempts ----------------------------------------------------------
 
     async def save_attempt(self, attempt: Attempt) -> None:
-        await self.db.run(lambda s: _write_attempt(s, attempt))
+        await self._run(lambda s: _write_attempt(s, attempt))
+
+    async def save_attempts(self, attempts: list[Attempt]) -> None:
+        """Several attempts in one transaction."""
+
+        def work(s: Session) -> None:
+            for attempt in attempts:
+                _write_attempt(s, attempt)
+
+        await self._run(work)
 
     async def attempts_of(self, task_id: str) -> list[Attempt]:
         def work(s: Session) -> list[Attempt]:
-            rows = s.exec(
-                select(AttemptRow).where(AttemptRow.task_id == task_id).order_by(col(AttemptRow.number))
-            ).all()
+            rows = _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
             return [Attempt.model_validate_json(r.doc) for r in rows]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def launching_attempts(self) -> list[Attempt]:
         """Attempts still marked ``launching`` (of any boot): recovery checks the earlier ones."""
 
         def work(s: Session) -> list[Attempt]:
             # The state lives in the JSON document; the filter is a cheap prefilter.
-            rows = s.exec(select(AttemptRow).where(col(AttemptRow.doc).contains('"state":"launching"'))).all()
+            rows = _rows(s, sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.doc.contains('"state":"launching"')))
             return [a for a in (Attempt.model_validate_json(r.doc) for r in rows) if a.state == "launching"]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
     async def task_with_attempts(self, task_id: str) -> tuple[Task, list[Attempt]]:
         def work(s: Session) -> tuple[Task, list[Attempt]]:
-            row = s.get(TaskRow, task_id)
-            if row is None:
+            rows = _rows(s, _SELECT_TASK, {"task_id": task_id})
+            if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
-            attempts = s.exec(
-                select(AttemptRow).where(AttemptRow.task_id == task_id).order_by(col(AttemptRow.number))
-            ).all()
-            return _task_from_row(row), [Attempt.model_validate_json(a.doc) for a in attempts]
+            attempts = _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
+            return _task_from_row(rows[0]), [Attempt.model_validate_json(a.doc) for a in attempts]
 
-        return await self.db.run(work)
+        return await self._run(work)
 
 
 _UPSERT_ATTEMPT = text(
@@ -442,12 +516,13 @@ _UPSERT_ATTEMPT = text(
 
 def _write_attempt(s: Session, attempt: Attempt) -> None:
     """One statement, insert or update: a worker's first report may race the launch's commit."""
-    s.exec(  # type: ignore[call-overload]
-        _UPSERT_ATTEMPT.bindparams(
-            attempt_id=attempt.attempt_id,
-            task_id=attempt.task_id,
-            number=attempt.number,
-            token_hash=attempt.token_hash,
-            doc=attempt.model_dump_json(exclude_none=True),
-        )
+    s.connection().execute(
+        _UPSERT_ATTEMPT,
+        {
+            "attempt_id": attempt.attempt_id,
+            "task_id": attempt.task_id,
+            "number": attempt.number,
+            "token_hash": attempt.token_hash,
+            "doc": attempt.model_dump_json(exclude_none=True),
+        },
     )

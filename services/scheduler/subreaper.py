@@ -4,8 +4,8 @@ With ``PR_SET_CHILD_SUBREAPER`` a process that loses its parent (a double fork,
 with or without ``setsid``) is re-parented to the scheduler instead of init, so
 it can still be found and attributed to an attempt. Such orphans become the
 scheduler's zombies when they exit; ``reap`` collects them one pid at a time and
-never touches the worker leaders, whose exit status belongs to asyncio (on 3.11
-its ``ThreadedChildWatcher`` waits for each leader's own pid).
+never touches the worker leaders, whose exit status belongs to their
+``processes.WorkerProcess`` (a pidfd, then ``waitpid`` of that one pid).
 """
 
 from __future__ import annotations

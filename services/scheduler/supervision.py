@@ -76,13 +76,23 @@ class Supervisor:
         live = [la for la in rt.live.values() if la.process is not None and not la.stopping]
         if not live and not rt.ownership.busy:
             return
-        table = await asyncio.to_thread(rt.table_reader)
+        table = await rt.scans.fresh()
         await asyncio.to_thread(rt.ownership.look_after, table)
         now = rt.clock.now_ms()
         for la in live:
-            if processes.record_descendants(la.attempt, table):
-                await rt.store.save_attempt(la.attempt)
-            task = await rt.store.find_task(la.attempt.task_id)
+            # Telemetry only for workers alive past their first tick: a short-lived worker
+            # costs the agent (and the scheduler) no Watch/Unwatch pair.
+            attempt = la.attempt
+            if not la.watched and not la.exited.is_set() and attempt.pid is not None and attempt.pid_start_time:
+                la.watched = True
+                rt.telemetry.watch(attempt.task_id, attempt.pid, attempt.pid_start_time)
+        changed = [la.attempt for la in live if processes.record_descendants(la.attempt, table)]
+        if changed:
+            await rt.store.save_attempts(changed)
+        # One read for all live tasks, not one per task.
+        tasks = await rt.store.find_tasks([la.attempt.task_id for la in live])
+        for la in live:
+            task = tasks.get(la.attempt.task_id)
             if task is None:
                 continue
             verdict = domain.supervise(task, la.attempt, rt.tasks_cfg, now, la.profile.uses_sdk)

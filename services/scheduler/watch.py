@@ -34,7 +34,7 @@ class Watchers:
 
         async def active() -> list[Task]:
             live_states = [s for s in State if s not in domain.TERMINAL]
-            # Only this session's tasks are read (ix_tasks_session), however many others exist.
+            # Only this session's tasks are read (ix_tasks_session_state), however many others exist.
             return await self.rt.store.tasks_in_states(live_states, session=(agent_id, session_id))
 
         async for event in self._watch(accepts, active):

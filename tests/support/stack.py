@@ -46,6 +46,9 @@ command = ["python", "-c", "pass"]
 [workers.sleeper]
 command = ["sleep", "300"]
 
+[workers.true]
+command = ["/bin/true"]
+
 [agents.agent-off]
 orchestration_enabled = false
 """

@@ -31,7 +31,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def scheduler_db(db_url: str) -> Iterator[Database]:
     db = Database(db_url, SCHEDULER_MIGRATIONS)
-    assert db.migrate() == [1, 2]
+    assert db.migrate() == [1, 2, 3]
     yield db
     db.close()
 
@@ -54,7 +54,7 @@ def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000,
 def test_migrations_are_applied_once(db_url: str) -> None:
     db = Database(db_url, SCHEDULER_MIGRATIONS)
     try:
-        assert db.migrate() == [1, 2]
+        assert db.migrate() == [1, 2, 3]
         assert db.migrate() == []
         tables = set(inspect(db.engine).get_table_names())
         assert {"tasks", "attempts", "task_events", "question_closes", "schema_migrations"} <= tables
@@ -259,3 +259,67 @@ async def test_concurrent_creates_with_one_request_id_make_one_task(scheduler_db
     results = await asyncio.gather(*(store.create_task(make_task(f"{i:032x}", request_id="same")) for i in range(8)))
     assert len({task.task_id for task, _ in results}) == 1
     assert sum(1 for _, event in results if event is not None) == 1
+
+
+async def test_a_group_commit_keeps_each_change_whole_and_a_refused_one_out(scheduler_db: Database) -> None:
+    import asyncio
+
+    store = SchedulerStore(scheduler_db)
+    ids = [f"{i:032x}" for i in range(1, 31)]
+    for task_id in ids:
+        await store.create_task(make_task(task_id))
+    before = store.group.transactions
+
+    def to(state: State) -> Callable[[Task], Task]:
+        def change(t: Task) -> Task:
+            t.state = state
+            return t
+
+        return change
+
+    # 29 valid transitions and one refused one (queued -> completed), all at once.
+    results = await asyncio.gather(
+        *(
+            store.update_task(t, to(State.COMPLETED if t == ids[7] else State.RUNNING), "task.state_changed", 5)
+            for t in ids
+        ),
+        store.update_task("f" * 32, to(State.RUNNING), "task.state_changed", 5),  # no such task
+        return_exceptions=True,
+    )
+    assert isinstance(results[7], InvalidTransition)
+    assert type(results[-1]).__name__ == "TaskNotFound"
+    assert all(isinstance(r, tuple) and r[1] is not None for i, r in enumerate(results[:-1]) if i != 7)
+    # Shared transactions: fewer commits than changes.
+    assert store.group.transactions - before < len(ids)
+    for i, task_id in enumerate(ids):
+        task, attempts = await store.task_with_attempts(task_id)
+        assert task.state == (State.QUEUED if i == 7 else State.RUNNING)
+    with scheduler_db.engine.connect() as conn:
+        per_task = dict(conn.execute(text("SELECT task_id, COUNT(*) FROM task_events GROUP BY task_id")).all())
+    # The refused change left no event behind; every other task has its creation and its start.
+    assert per_task[ids[7]] == 1
+    assert all(per_task[t] == 2 for t in ids if t != ids[7])
+
+
+async def test_a_session_s_unfinished_tasks_are_read_through_the_session_state_index(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db)
+    for i in range(6):
+        state = State.COMPLETED if i % 3 == 0 else State.QUEUED
+        await store.create_task(make_task(f"{i:032x}", state=state, created_at=1000 + i))
+    other = make_task("e" * 32)
+    other.session_id = "elsewhere"
+    await store.create_task(other)
+    live = [s for s in State if s not in {State.COMPLETED, State.FAILED, State.CANCELLED}]
+    tasks = await store.tasks_in_states(live, session=("a", "s"))
+    assert [t.task_id for t in tasks] == [f"{i:032x}" for i in (1, 2, 4, 5)]
+    if scheduler_db.engine.dialect.name == "sqlite":
+        from services.scheduler.store import UNFINISHED
+
+        marks = ",".join("?" * len(UNFINISHED))
+        with scheduler_db.engine.connect() as conn:
+            plan = conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN SELECT count(*) FROM tasks WHERE agent_id = ? AND session_id = ?"
+                f" AND state IN ({marks})",
+                ("a", "s", *UNFINISHED),
+            ).all()
+        assert "ix_tasks_session_state" in " ".join(str(row) for row in plan)

@@ -9,12 +9,14 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from libs import proctree
 from libs.db import Database
+from libs.settings import WorkerProfile
 from services.scheduler.domain import State
 from services.scheduler.store import MIGRATIONS, SchedulerStore
 from tests.support.postgres import fresh_database
@@ -187,3 +189,63 @@ async def test_a_cancel_reaching_an_unfinished_launch_of_an_earlier_boot_stops_i
             os.kill(pid, 9)
         await first.engine.ownership.close()
         first.db.close()
+
+
+async def test_200_fast_exiting_workers_all_record_their_identity_and_complete(tmp_path: Path) -> None:
+    # /bin/true exits at once: its kernel start time must still be read while it is held.
+    h = await start_harness(tmp_path, workers={"true": WorkerProfile(command=["/bin/true"])}, max_running=50)
+    try:
+        tasks = [await h.create("true", title=f"t{i}") for i in range(200)]
+
+        async def dispatch() -> None:
+            while True:
+                await h.engine.dispatch_once()
+                await asyncio.sleep(0.01)
+
+        dispatcher = asyncio.create_task(dispatch())
+        for task in tasks:
+            done = await h.wait(task.task_id, [State.COMPLETED, State.FAILED], timeout_s=120)
+            assert done.state == State.COMPLETED, done.failure
+        dispatcher.cancel()
+        for task in tasks:
+            _, attempts = await h.engine.get_task(task.task_id)
+            (attempt,) = attempts
+            assert attempt.pid is not None and attempt.pid_start_time is not None, attempt
+            assert attempt.exit_code == 0 and attempt.outcome == "exited"
+    finally:
+        await h.close()
+
+
+class FakeRegistry:
+    """The pending-registry as the engine sees it: every question is answered at once."""
+
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+
+    async def ask(self, task_id: str, session_id: str, text: str, request_id: str) -> Any:
+        return SimpleNamespace(question_id=f"q-{task_id}", revision=1, answer="")
+
+    async def await_answer(self, question_id: str, wait_s: float) -> Any:
+        return SimpleNamespace(question_id=question_id, revision=2, answer="yes")
+
+    async def cancel_open(self, task_id: str) -> None:
+        self.closed.append(task_id)
+
+
+async def test_only_a_task_that_asked_has_its_questions_closed_at_its_end(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path)
+    registry = FakeRegistry()
+    h.engine.runtime.questions = registry
+    try:
+        quiet = await h.create("behave", [{"progress": "no questions"}])
+        asking = await h.create("behave", [{"ask": "go on?"}])
+        assert await h.engine.dispatch_once() == 2
+        for task in (quiet, asking):
+            done = await h.wait(task.task_id, [State.COMPLETED, State.FAILED], timeout_s=60)
+            assert done.state == State.COMPLETED, done.failure
+        await h.engine.runtime.drain_background()
+        await h.engine.close_questions_once()  # the outbox holds a row only for the task that asked
+        assert registry.closed == [asking.task_id]
+        assert await h.engine.runtime.store.due_question_closes(h.engine.runtime.clock.now_ms() + 10**9) == []
+    finally:
+        await h.close()

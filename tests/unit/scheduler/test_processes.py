@@ -7,6 +7,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -206,21 +207,26 @@ async def test_held_launches_as_another_user_survive_busy_grpc_threads(tmp_path:
 
 async def test_the_spawn_never_asks_subprocess_to_switch_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """user=/group=/extra_groups=/preexec_fn= would make CPython fork() the multi-threaded scheduler."""
-    seen: list[dict[str, object]] = []
-    real = asyncio.create_subprocess_exec
+    seen: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
-    async def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs)
-        return await real(*args, **kwargs)
+    class SpyPopen(subprocess.Popen[bytes]):  # every spawn goes through Popen, asyncio's too
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            seen.append((args, kwargs))
+            super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", spy)
+    monkeypatch.setattr(subprocess, "Popen", SpyPopen)
     run_as = processes.RunAs(uid=os.getuid(), gid=os.getgid(), home=str(tmp_path))
     held = await processes.launch(
         ["true"], tmp_path, {"PATH": os.environ["PATH"]}, tmp_path / "l.log", "t", run_as=run_as
     )
     held.release()
     assert await held.process.wait() == 0
-    assert seen and not {"user", "group", "extra_groups", "preexec_fn"} & set(seen[0])
+    assert len(seen) == 1
+    args, kwargs = seen[0]
+    assert not {"user", "group", "extra_groups", "preexec_fn"} & set(kwargs)
+    # The switch happens after an exec instead: the spawned program is the SWITCH_USER step.
+    argv = list(args[0] if args else kwargs["args"])
+    assert argv[:5] == [sys.executable, "-I", "-S", "-c", processes.SWITCH_USER]
 
 
 async def test_a_worker_that_dies_while_held_fails_the_launch_before_any_release(
@@ -242,3 +248,26 @@ async def test_a_worker_that_dies_while_held_fails_the_launch_before_any_release
     with pytest.raises(processes.LaunchFailed, match="exited before its release"):
         await processes.launch(["true"], tmp_path, {"PATH": os.environ["PATH"]}, tmp_path / "l.log", "t")
     assert killed
+
+
+async def test_a_launch_failing_after_the_spawn_still_reaps_its_held_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.scheduler import cgroups
+
+    spawned: list[int] = []
+
+    def broken_add(cgroup: Path, pid: int) -> None:
+        spawned.append(pid)
+        raise OSError("cgroup.procs is not writable")
+
+    monkeypatch.setattr(cgroups, "add", broken_add)
+    with pytest.raises(OSError, match="not writable"):
+        await processes.launch(
+            ["true"], tmp_path, {"PATH": os.environ["PATH"]}, tmp_path / "l.log", "t", cgroup=tmp_path / "cg"
+        )
+    (pid,) = spawned
+    deadline = time.monotonic() + 10
+    while proctree.read_stat(pid) is not None:  # the abandoned trampoline exits and is reaped, not left a zombie
+        assert time.monotonic() < deadline, "the held worker of a failed launch was never reaped"
+        await asyncio.sleep(0.02)

@@ -1,0 +1,94 @@
+"""Group commit: the store's units of work from many tasks, committed together.
+
+Each unit runs in its own savepoint inside one transaction: a unit that fails
+(an unknown task, a refused transition) rolls back alone and its caller gets the
+error; the others commit. Callers are answered only after the commit, so an
+event is published after its change is durable, as before. Nothing waits on a
+timer: while one batch is on the database thread the next one gathers, so a lone
+change commits at once and a burst shares one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlmodel import Session
+
+from libs.db import Database
+
+T = TypeVar("T")
+Unit = Callable[[Session], Any]
+
+MAX_UNITS = 128  # one transaction stays short even under a burst
+
+
+class GroupCommit:
+    def __init__(self, db: Database, max_units: int = MAX_UNITS) -> None:
+        self.db = db
+        self.max_units = max_units
+        self._queue: list[tuple[Unit, asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.transactions = 0  # committed batches (for tests and benchmarks)
+
+    async def run(self, unit: Callable[[Session], T]) -> T:
+        """Run ``unit`` in the next group transaction; its result once that committed."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append((unit, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="group-commit")
+        # shield: a caller that stops waiting does not undo a unit already in a transaction.
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
+            units = [unit for unit, _ in batch]
+            try:
+                outcomes = await self.db.run(functools.partial(_run_units, units=units))
+            except _Failed as failed:  # a lone unit's own error, rolled back
+                if not batch[0][1].done():
+                    batch[0][1].set_exception(failed.error)
+                continue
+            except BaseException as exc:  # the commit itself failed: no unit of the batch happened
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            self.transactions += 1
+            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+
+
+def _run_units(session: Session, *, units: list[Unit]) -> list[tuple[bool, Any]]:
+    if len(units) == 1:  # nothing to isolate from: no savepoint
+        try:
+            return [(True, units[0](session))]
+        except Exception as exc:
+            # The caller sees the error; the transaction still rolls back (nothing else is in it).
+            raise _Failed(exc) from exc
+    outcomes: list[tuple[bool, Any]] = []
+    for unit in units:
+        try:
+            with session.begin_nested():
+                outcomes.append((True, unit(session)))
+        except Exception as exc:
+            outcomes.append((False, exc))
+    return outcomes
+
+
+class _Failed(Exception):
+    """A lone unit's own error (the transaction rolled back), unwrapped for its caller."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(repr(error))
+        self.error = error
