@@ -54,7 +54,7 @@ POLICY: dict[str, frozenset[str]] = {
     "scheduler": frozenset(
         _methods(_PENDING, "AskQuestion", "GetQuestion", "AwaitAnswer", "CancelQuestions", "CancelSession")
         | _methods(_TELEMETRY, "Watch", "Unwatch", "ListWatches", "StreamObservations")
-        | _methods(_NOTIFIER, "EnqueueNotification")
+        | _methods(_NOTIFIER, "EnqueueNotification", "ClaimUnreportedFailure")
     ),
     # The notifier follows task events and looks at a session's tasks.
     "notifier": frozenset(_methods(_SCHEDULER, "WatchTasks", "GetTask", "ListTasks")),

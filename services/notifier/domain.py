@@ -207,6 +207,28 @@ def _clip(text: str, limit: int = MAX_TEXT_BYTES - 1024) -> str:
     return text if len(raw) <= limit else raw[:limit].decode(errors="ignore") + "…"
 
 
+def failure_key(task_id: str) -> str:
+    """The idempotency key of a task's failure report (see ``plan_notification``)."""
+    return f"{task_id}:failed"
+
+
+class FailureClaim(StrEnum):
+    """What the scheduler's claim of a failure report found (``ClaimUnreportedFailure``)."""
+
+    REPORTED = "reported"  # someone has it: the task stays failed
+    STOPPED = "stopped"  # a pending report was stopped before delivery
+    SUPPRESSED = "suppressed"  # no report yet; the event will make none
+
+    @property
+    def claimed(self) -> bool:
+        return self != FailureClaim.REPORTED
+
+
+def was_reported(state: State, consumed_at: int | None, handled: bool) -> bool:
+    """Whether a report reached someone: delivered (webhook/chat), consumed by polling, or handled."""
+    return state == State.DELIVERED or consumed_at is not None or handled
+
+
 def plan_notification(fact: TaskFact) -> Planned | None:
     """The notification one task event calls for, or None.
 

@@ -273,6 +273,19 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
         view = await self._question_preference(request.agent_id, request.session_id, request.question_id, "mute")
         return pb.MuteQuestionResponse(question=convert.question_to_pb(view))
 
+    async def ClaimUnreportedFailure(
+        self, request: pb.ClaimUnreportedFailureRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ClaimUnreportedFailureResponse:
+        domain.validate_conversation(request.agent_id, request.session_id)
+        domain.validate_id("taskId", request.task_id)
+        if request.event_sequence <= 0:
+            raise domain.InvalidArgument("INVALID_SEQUENCE", "eventSequence must be positive", field="eventSequence")
+        claim = await self.store.claim_unreported_failure(
+            request.agent_id, request.session_id, request.task_id, request.event_sequence, self.clock.now_ms()
+        )
+        log.info("failure_report_claimed", task_id=request.task_id, outcome=claim.value, claimed=claim.claimed)
+        return pb.ClaimUnreportedFailureResponse(claimed=claim.claimed, outcome=claim.value)
+
     async def ListConversationEvents(
         self, request: pb.ListConversationEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListConversationEventsResponse:

@@ -105,6 +105,16 @@ MIGRATIONS = [
             "CREATE INDEX ix_question_reminders_task ON question_reminders (task_id, state)",
         ],
     ),
+    Migration(
+        4,
+        "failure reports claimed by the scheduler's legacy adoption",
+        # One row per scheduler event whose failure report must never be made (the task
+        # was resumed instead); the event-log follower checks it before creating one.
+        [
+            "CREATE TABLE claimed_failures ("
+            " sequence BIGINT PRIMARY KEY, task_id VARCHAR(128) NOT NULL, at BIGINT NOT NULL)"
+        ],
+    ),
 ]
 
 
@@ -250,6 +260,13 @@ def _question_view(row: ReminderRow) -> QuestionView:
     return QuestionView(
         row.question_id, row.task_id, QuestionState(row.state), row.snoozed_until, row.muted, row.reminders_sent
     )
+
+
+class ClaimedFailureRow(SQLModel, table=True):
+    __tablename__ = "claimed_failures"
+    sequence: int = Field(primary_key=True, sa_type=BigInteger)
+    task_id: str
+    at: int = Field(sa_type=BigInteger)
 
 
 class CursorRow(SQLModel, table=True):
@@ -473,6 +490,8 @@ class NotifierStore:
                     for q in self._open_questions_of_task(s, task_state[0]):
                         q.state = fate.value
                         s.add(q)
+            if note is not None and note.kind == Kind.TASK_FAILED and s.get(ClaimedFailureRow, sequence) is not None:
+                note = None  # the scheduler resumed the task instead: this failure is never reported
             if note is None:
                 return None, None
             return self._insert_notification(s, note, message_id)
@@ -611,6 +630,40 @@ class NotifierStore:
                 row.next_attempt_at = None
                 s.add(row)
             return _notification(row, _attempts(s, [notification_id])[notification_id])
+
+        return await self.db.run(work)
+
+    async def claim_unreported_failure(
+        self, agent_id: str, session_id: str, task_id: str, sequence: int, now: int
+    ) -> domain.FailureClaim:
+        """Claim a task failure's report for the scheduler's legacy adoption, in one transaction.
+
+        Reported (delivered, consumed or handled) → not claimed. A pending or stopped report is
+        stopped, marked handled and consumed (so no later turn picks it up) and its key freed
+        (a later failure of the resumed task is
+        reported anew). Either way, and when no report exists yet, the event is recorded as
+        claimed, so the follower never makes one from it: the answer is the same on a retry.
+        """
+
+        def work(s: Session) -> domain.FailureClaim:
+            key = domain.failure_key(task_id)
+            row = s.exec(
+                select(NotificationRow)
+                .where(*_conversation(NotificationRow, agent_id, session_id), NotificationRow.request_id == key)
+                .with_for_update()  # a delivery attempt finishing meanwhile is not overwritten
+            ).first()
+            if row is not None and domain.was_reported(State(row.state), row.consumed_at, row.handled):
+                return domain.FailureClaim.REPORTED
+            outcome = domain.FailureClaim.SUPPRESSED
+            if row is not None:
+                row.state, row.handled, row.next_attempt_at = State.STOPPED.value, True, None
+                row.consumed_at = now  # nor is it handed to the agent as a pending update on its next turn
+                row.request_id = f"{key}:adopted:{sequence}"
+                s.add(row)
+                outcome = domain.FailureClaim.STOPPED
+            if s.get(ClaimedFailureRow, sequence) is None:
+                s.add(ClaimedFailureRow(sequence=sequence, task_id=task_id, at=now))
+            return outcome
 
         return await self.db.run(work)
 

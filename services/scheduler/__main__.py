@@ -13,6 +13,7 @@ from libs.grpc_client import ClientSecurity
 from libs.grpc_server import serve
 from libs.startup import StopSignal, boot, migrate
 from services.scheduler.engine import Engine
+from services.scheduler.failure_reports import FailureReportsClient
 from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
@@ -31,8 +32,16 @@ async def main() -> None:
     security = ClientSecurity.for_identity(settings, "scheduler")
     telemetry = TelemetryClient(settings.telemetry_addr, security)
     questions = QuestionsClient(settings.pending_addr, security)
+    failure_reports = FailureReportsClient(settings.notifier_addr, security)
     # This process spawns nothing but workers, so every other child is a worker's orphan.
-    engine = Engine(settings, SchedulerStore(db), telemetry=telemetry, questions=questions, reap_unknown_orphans=True)
+    engine = Engine(
+        settings,
+        SchedulerStore(db),
+        telemetry=telemetry,
+        questions=questions,
+        reap_unknown_orphans=True,
+        failure_reports=failure_reports,
+    )
     # Workers reach only this listener (Unix sockets), never the SchedulerService port.
     sockets = WorkerSockets(settings.worker_socket_dir, engine.worker_uids())
     engine.worker_addr = sockets.addr_for
@@ -55,6 +64,7 @@ async def main() -> None:
         sockets.close()
         await telemetry.close()
         await questions.close()
+        await failure_reports.close()
 
     def register(server: object) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)

@@ -113,7 +113,14 @@ _ALLOWED: dict[State, frozenset[State]] = {
 }
 
 
-def check_transition(current: State, target: State) -> None:
+def check_transition(current: State, target: State, legacy_adoption: bool = False) -> None:
+    """Refuse a move the state machine does not allow.
+
+    ``legacy_adoption``: the one way out of a terminal state — a task an older version left
+    ``failed`` ``GATEWAY_SHUTDOWN`` is queued again (``adopt_legacy_shutdown``).
+    """
+    if legacy_adoption and (current, target) == (State.FAILED, State.QUEUED):
+        return
     if target not in _ALLOWED[current]:
         raise InvalidTransition(
             "INVALID_TRANSITION",
@@ -516,6 +523,32 @@ def resume_after_interruption(task: Task, now: int, reason: str) -> Task:
     task.failure = Failure(code=FailureCode.GATEWAY_SHUTDOWN, message=reason, retryable=True)
     task.restart_resume = RestartResume(count=count, revision=revision, pending=True, last_progress=last_progress)
     return task
+
+
+# How recent a legacy GATEWAY_SHUTDOWN failure must be for start-up to adopt it (seed 004).
+LEGACY_ADOPTION_WINDOW_MS = 10 * 60_000
+
+
+def legacy_shutdown_adoptable(task: Task, now: int) -> bool:
+    """A task an older version failed at its shutdown, recently, with resumes left in its revision.
+
+    (The caller also needs the notifier's word that the failure was never reported.)
+    """
+    if task.state != State.FAILED or task.failure is None or task.failure.code != FailureCode.GATEWAY_SHUTDOWN:
+        return False
+    ended = task.ended_at if task.ended_at is not None else task.updated_at
+    if now - ended >= LEGACY_ADOPTION_WINDOW_MS:
+        return False
+    used = task.restart_resume.count if task.restart_resume else 0
+    return used < MAX_AUTOMATIC_RESUMES
+
+
+def adopt_legacy_shutdown(task: Task, now: int) -> Task | None:
+    """Resume a legacy ``failed`` ``GATEWAY_SHUTDOWN`` task the way a shutdown re-queue does."""
+    if not legacy_shutdown_adoptable(task, now):
+        return None
+    task.ended_at = None
+    return resume_after_interruption(task, now, "resumed after a shutdown by an older version")
 
 
 def new_revision(task: Task, now: int) -> Task:

@@ -35,7 +35,15 @@ from services.scheduler.log_follower import LOG_GAP_WAIT_MS, LogFollower
 from services.scheduler.question_closer import QuestionCloser
 from services.scheduler.recovery import Recovery
 from services.scheduler.reports import WorkerReports
-from services.scheduler.runtime import LiveAttempt, NoTelemetry, QuestionsPort, Runtime, TelemetryHook, hash_token
+from services.scheduler.runtime import (
+    FailureReportsPort,
+    LiveAttempt,
+    NoTelemetry,
+    QuestionsPort,
+    Runtime,
+    TelemetryHook,
+    hash_token,
+)
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
 from services.scheduler.store import SchedulerStore
@@ -69,10 +77,12 @@ class Engine:
         table_reader: Callable[[], dict[int, proctree.ProcStat]] = proctree.process_table,
         worker_addr: Callable[[int | None], str] | None = None,
         reap_unknown_orphans: bool = False,
+        failure_reports: FailureReportsPort | None = None,
     ) -> None:
         rt = Runtime(
             settings, store, clock, telemetry, questions, boot_id, table_reader, worker_addr, reap_unknown_orphans
         )
+        rt.failure_reports = failure_reports
         self.runtime = rt
         # What callers read directly; the same objects the collaborators share.
         self.settings, self.tasks_cfg, self.store = rt.settings, rt.tasks_cfg, rt.store
@@ -120,6 +130,7 @@ class Engine:
                 asyncio.create_task(self.launcher.dispatch_loop(), name="dispatcher"),
                 asyncio.create_task(self.supervisor.loop(), name="supervisor"),
                 asyncio.create_task(self.question_closer.run(), name="question-closer"),
+                asyncio.create_task(self.recovery.legacy_adoption_loop(), name="legacy-adoption"),
             ]
         rt.wake.set()
 
@@ -215,6 +226,9 @@ class Engine:
 
     async def close_questions_once(self) -> int:
         return await self.question_closer.close_once()
+
+    async def adopt_legacy_failures_once(self) -> int:
+        return await self.recovery.adopt_legacy_failures()
 
     async def reconcile_once(self) -> int:
         return await self.supervisor.reconcile_once()

@@ -47,6 +47,59 @@ class Recovery:
                 continue
             await self.settler.unconfirmed(attempt.task_id, domain.interrupted_outcome(), attempt, status.describe())
 
+    async def adopt_legacy_failures(self) -> int:
+        """Resume tasks an older version left ``failed`` ``GATEWAY_SHUTDOWN`` (seed 004).
+
+        Only a failure less than ten minutes old, with resumes left in its revision, and whose
+        report the notifier confirms no one received (it then never sends it) is queued again,
+        the way a shutdown re-queue does. Returns how many candidates are still undecided
+        because the notifier could not be asked (the caller tries again).
+        """
+        rt = self.rt
+        reports = rt.failure_reports
+        if reports is None:
+            return 0
+        undecided = 0
+        now = rt.clock.now_ms()
+        for task, sequence in await rt.store.legacy_shutdown_failures(now - domain.LEGACY_ADOPTION_WINDOW_MS):
+            if not domain.legacy_shutdown_adoptable(task, now):
+                continue
+            try:
+                claimed = await reports.claim_unreported_failure(task, sequence)
+            except Exception as exc:  # noqa: BLE001 - the notifier is down: ask again later
+                undecided += 1
+                log.warning("legacy_adoption_deferred", task_id=task.task_id, error=str(exc))
+                continue
+            if not claimed:
+                log.info("legacy_failure_already_reported", task_id=task.task_id)
+                continue
+            at = rt.clock.now_ms()
+
+            def adopt(t: Task, at: int = at) -> Task | None:
+                return domain.adopt_legacy_shutdown(t, at)
+
+            adopted, stored = await rt.store.update_task(
+                task.task_id, adopt, "task.state_changed", at, legacy_adoption=True
+            )
+            rt.published(stored, adopted)
+            if stored is not None:
+                log.info("legacy_failure_adopted", task_id=task.task_id, resumes=adopted.restart_resume)
+                rt.wake.set()
+        return undecided
+
+    async def legacy_adoption_loop(self, first_retry_s: float = 1.0, max_retry_s: float = 15.0) -> None:
+        """Adopt at start-up, then again while the notifier could not be asked; the ten-minute
+        window ends the candidates, so the loop ends too."""
+        delay = first_retry_s
+        while True:
+            try:
+                if await self.adopt_legacy_failures() == 0:
+                    return
+            except Exception:  # noqa: BLE001 - e.g. the database: try again
+                log.exception("legacy_adoption_failed")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_retry_s)
+
     async def recover(self) -> None:
         """Settle tasks an earlier incarnation left active: stop its worker, then resume."""
         rt = self.rt

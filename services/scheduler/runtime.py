@@ -45,6 +45,12 @@ class QuestionsPort(Protocol):
     async def cancel_open(self, task_id: str) -> None: ...
 
 
+class FailureReportsPort(Protocol):
+    """The notifier as legacy adoption needs it (see ``failure_reports.FailureReportsClient``)."""
+
+    async def claim_unreported_failure(self, task: Task, event_sequence: int) -> bool: ...
+
+
 class NoTelemetry:
     def watch(self, task_id: str, pid: int, start_time: int) -> None:
         pass
@@ -92,6 +98,7 @@ class Runtime:
         self.clock: Clock = clock or SystemClock()
         self.telemetry: TelemetryHook = telemetry or NoTelemetry()
         self.questions = questions
+        self.failure_reports: FailureReportsPort | None = None  # the notifier, for legacy adoption
         self.boot_id = boot_id or uuid.uuid4().hex
         self.hub = EventHub()
         self.table_reader = table_reader

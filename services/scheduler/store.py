@@ -363,6 +363,7 @@ class SchedulerStore:
         event_type: str | None,
         at: int,
         attempt: Attempt | None = None,
+        legacy_adoption: bool = False,
     ) -> tuple[Task, StoredEvent | None]:
         """Load, change and save a task in one transaction.
 
@@ -384,7 +385,7 @@ class SchedulerStore:
             if after is None:
                 return before, None
             if after.state != before.state:
-                check_transition(before.state, after.state)
+                check_transition(before.state, after.state, legacy_adoption)
             after.version = before.version + 1
             _write_task(s, after)
             if attempt is not None:
@@ -396,6 +397,34 @@ class SchedulerStore:
             ):
                 s.connection().execute(_INSERT_QUESTION_CLOSE, {"task_id": task_id, "attempts": 0, "next_at": at})
             return after, (_append_event(s, after, event_type, at) if event_type else None)
+
+        return await self._run(work)
+
+    async def legacy_shutdown_failures(self, since: int) -> list[tuple[Task, int]]:
+        """Tasks ``failed`` ``GATEWAY_SHUTDOWN`` since ``since`` (ms), each with the event
+        sequence of its failure: the candidates of start-up's legacy adoption."""
+
+        def work(s: Session) -> list[tuple[Task, int]]:
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.task_id, TASKS.c.doc).where(
+                    TASKS.c.state == State.FAILED.value, TASKS.c.updated_at >= since
+                ),
+            )
+            found: list[tuple[Task, int]] = []
+            for row in rows:
+                task = _task_from_row(row)
+                if task.failure is None or task.failure.code != "GATEWAY_SHUTDOWN":
+                    continue
+                sequence = _rows(
+                    s,
+                    sa.select(func.max(EVENTS.c.id)).where(
+                        EVENTS.c.task_id == task.task_id, EVENTS.c.state == State.FAILED.value
+                    ),
+                )[0][0]
+                if sequence is not None:
+                    found.append((task, int(sequence)))
+            return found
 
         return await self._run(work)
 

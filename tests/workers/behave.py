@@ -34,6 +34,9 @@ def main() -> int:
             w.result(arg["text"], unresolved_background=arg.get("unresolved_background", False))
         elif action == "sleep":
             time.sleep(arg)
+        elif action == "sleep_unless_resumed":
+            if os.environ.get("TASKGATE_RESUME") != "1":
+                time.sleep(arg)
         elif action == "exit":
             return int(arg)
         elif action == "trap_term":

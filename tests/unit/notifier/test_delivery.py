@@ -112,6 +112,14 @@ async def test_retry_after_is_honoured(store: NotifierStore) -> None:
     assert stored.next_attempt_at == clock.now + 60_000 and stored.attempts[0].http_status == 429
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Wait for a condition with a generous bound (the machine may be loaded), never a fixed sleep."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_slow_conversation_does_not_hold_back_another(store: NotifierStore) -> None:
     clock = FakeClock()
     release = asyncio.Event()
@@ -134,17 +142,15 @@ async def test_a_slow_conversation_does_not_hold_back_another(store: NotifierSto
     clock.now += 1
     await add(store, clock, session="fine")
     assert await d.tick() == 2
-    await asyncio.sleep(0.1)
+    await until(lambda: ("a", "fine") not in d._busy)  # its attempt is recorded; the slow one still waits
     assert delivered == ["/a"]
     # The busy conversation is not offered again while its attempt is in flight.
     clock.now += 1
     await add(store, clock, session="fine")
     assert await d.tick() == 1
-    await asyncio.sleep(0.1)
-    assert delivered == ["/a", "/a"]
+    await until(lambda: delivered == ["/a", "/a"])
     release.set()
-    await asyncio.sleep(0.1)
-    assert delivered[-1] == "/slow"
+    await until(lambda: delivered[-1] == "/slow")
 
 
 async def test_a_timeout_is_a_failed_attempt(store: NotifierStore) -> None:

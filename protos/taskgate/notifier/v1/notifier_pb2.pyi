@@ -424,3 +424,23 @@ class MuteQuestionResponse(_message.Message):
     QUESTION_FIELD_NUMBER: _ClassVar[int]
     question: QuestionReminders
     def __init__(self, question: _Optional[_Union[QuestionReminders, _Mapping]] = ...) -> None: ...
+
+class ClaimUnreportedFailureRequest(_message.Message):
+    __slots__ = ("agent_id", "session_id", "task_id", "event_sequence")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_id: str
+    task_id: str
+    event_sequence: int
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., event_sequence: _Optional[int] = ...) -> None: ...
+
+class ClaimUnreportedFailureResponse(_message.Message):
+    __slots__ = ("claimed", "outcome")
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    claimed: bool
+    outcome: str
+    def __init__(self, claimed: _Optional[bool] = ..., outcome: _Optional[str] = ...) -> None: ...

@@ -96,6 +96,11 @@ class NotifierServiceStub:
                 request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionRequest.SerializeToString,
                 response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionResponse.FromString,
                 _registered_method=True)
+        self.ClaimUnreportedFailure = channel.unary_unary(
+                '/taskgate.notifier.v1.NotifierService/ClaimUnreportedFailure',
+                request_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ClaimUnreportedFailureRequest.SerializeToString,
+                response_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ClaimUnreportedFailureResponse.FromString,
+                _registered_method=True)
 
 
 class NotifierServiceServicer:
@@ -186,6 +191,15 @@ class NotifierServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClaimUnreportedFailure(self, request, context):
+        """The scheduler adopting a task an older version left `failed` `GATEWAY_SHUTDOWN`: claims its
+        failure report if no one has received it yet (a pending one is stopped and marked handled;
+        one not yet created never will be). Idempotent per event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NotifierServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -248,6 +262,11 @@ def add_NotifierServiceServicer_to_server(servicer, server):
                     servicer.MuteQuestion,
                     request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionRequest.FromString,
                     response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionResponse.SerializeToString,
+            ),
+            'ClaimUnreportedFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimUnreportedFailure,
+                    request_deserializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ClaimUnreportedFailureRequest.FromString,
+                    response_serializer=taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ClaimUnreportedFailureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -576,6 +595,33 @@ class NotifierService:
             '/taskgate.notifier.v1.NotifierService/MuteQuestion',
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionRequest.SerializeToString,
             taskgate_dot_notifier_dot_v1_dot_notifier__pb2.MuteQuestionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimUnreportedFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.notifier.v1.NotifierService/ClaimUnreportedFailure',
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ClaimUnreportedFailureRequest.SerializeToString,
+            taskgate_dot_notifier_dot_v1_dot_notifier__pb2.ClaimUnreportedFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,
