@@ -179,4 +179,5 @@ def task_json(t: pb.Task) -> dict[str, Any]:
     out["currentFilesystemVerified"] = False
     out["attempts"] = [attempt_json(a) for a in t.attempts]
     out["updatedAt"] = iso(t.update_time)
+    out["version"] = t.version
     return out

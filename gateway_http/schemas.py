@@ -273,6 +273,9 @@ class Task(_Closed):
     currentFilesystemVerified: bool
     attempts: list[Attempt]
     updatedAt: datetime | None = None
+    version: int = Field(
+        ge=0, description="Raised by every committed change; a stream never sends an older one after a newer one."
+    )
 
 
 class TaskEnvelope(_Closed):

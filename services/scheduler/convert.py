@@ -132,6 +132,7 @@ def task_to_pb(
         msg.pending_question.CopyFrom(
             pb.PendingQuestion(question_id=q.question_id, text=text(q.text), revision=q.revision)
         )
+    msg.version = task.version
     if task.restart_resume is not None:
         r = task.restart_resume
         msg.restart_resume.CopyFrom(

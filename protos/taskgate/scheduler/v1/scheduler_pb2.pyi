@@ -264,7 +264,7 @@ class Execution(_message.Message):
     def __init__(self, available: _Optional[bool] = ..., reason: _Optional[str] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., historical: _Optional[bool] = ..., cpu_user_ticks: _Optional[int] = ..., cpu_system_ticks: _Optional[int] = ..., io_read_count: _Optional[int] = ..., io_write_count: _Optional[int] = ..., io_read_bytes: _Optional[int] = ..., io_write_bytes: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "agent_id", "session_id", "title", "instructions", "state", "execution_type", "target_profile", "progress", "activity", "execution", "inspection", "timing", "cancellation", "failure", "result", "pending_question", "harness", "harness_model", "workspace", "observed_paths", "current_filesystem_verified", "attempts", "update_time", "restart_resume")
+    __slots__ = ("task_id", "agent_id", "session_id", "title", "instructions", "state", "execution_type", "target_profile", "progress", "activity", "execution", "inspection", "timing", "cancellation", "failure", "result", "pending_question", "harness", "harness_model", "workspace", "observed_paths", "current_filesystem_verified", "attempts", "update_time", "restart_resume", "version")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -290,6 +290,7 @@ class Task(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     RESTART_RESUME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     agent_id: str
     session_id: str
@@ -315,7 +316,8 @@ class Task(_message.Message):
     attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
     update_time: _timestamp_pb2.Timestamp
     restart_resume: RestartResume
-    def __init__(self, task_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., execution_type: _Optional[_Union[ExecutionType, str]] = ..., target_profile: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., activity: _Optional[_Union[Activity, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., inspection: _Optional[_Union[Inspection, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., cancellation: _Optional[_Union[Cancellation, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., pending_question: _Optional[_Union[PendingQuestion, _Mapping]] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., workspace: _Optional[_Union[Workspace, _Mapping]] = ..., observed_paths: _Optional[_Iterable[str]] = ..., current_filesystem_verified: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restart_resume: _Optional[_Union[RestartResume, _Mapping]] = ...) -> None: ...
+    version: int
+    def __init__(self, task_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., execution_type: _Optional[_Union[ExecutionType, str]] = ..., target_profile: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., activity: _Optional[_Union[Activity, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., inspection: _Optional[_Union[Inspection, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., cancellation: _Optional[_Union[Cancellation, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., pending_question: _Optional[_Union[PendingQuestion, _Mapping]] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., workspace: _Optional[_Union[Workspace, _Mapping]] = ..., observed_paths: _Optional[_Iterable[str]] = ..., current_filesystem_verified: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restart_resume: _Optional[_Union[RestartResume, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class CreateTaskRequest(_message.Message):
     __slots__ = ("agent_id", "session_id", "title", "instructions", "profile", "request_id", "harness", "harness_model")
