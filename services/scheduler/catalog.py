@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs import errors
 from libs.ids import time_ordered_id
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, NewTask, State, Task
@@ -66,7 +67,7 @@ class TaskCatalog:
         if number == 0:
             return LogTail(0, b"", 0)
         if number not in numbers:
-            raise domain.InvalidArgument("INVALID_ATTEMPT", f"the task has no attempt {number}", field="attempt_number")
+            raise errors.NotFound("ATTEMPT_NOT_FOUND", f"the task has no attempt {number}")
         return await asyncio.to_thread(read_tail, self.rt.settings.data_dir, task_id, number, wanted)
 
     async def list_tasks(

@@ -87,13 +87,16 @@ async def test_get_worker_log_reads_the_latest_attempts_output(harness: Harness)
         tail = await stub.GetWorkerLog(pb.GetWorkerLogRequest(task_id=task.task_id, tail_bytes=6), timeout=5)
         assert (tail.content, tail.size_bytes, tail.truncated) == (b"orker\n", 22, True)
         for bad in (
-            pb.GetWorkerLogRequest(task_id=task.task_id, attempt_number=2),
             pb.GetWorkerLogRequest(task_id=task.task_id, tail_bytes=MAX_TAIL_BYTES + 1),
             pb.GetWorkerLogRequest(task_id="../etc"),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.GetWorkerLog(bad, timeout=5)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        with pytest.raises(grpc.aio.AioRpcError) as missing:
-            await stub.GetWorkerLog(pb.GetWorkerLogRequest(task_id="b" * 32), timeout=5)
-        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        for missing in (
+            pb.GetWorkerLogRequest(task_id="b" * 32),
+            pb.GetWorkerLogRequest(task_id=task.task_id, attempt_number=2),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetWorkerLog(missing, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.NOT_FOUND
