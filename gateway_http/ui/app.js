@@ -789,6 +789,7 @@ function sparkline(values, label) {
   const width = 240;
   const height = 48;
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, class: "spark", role: "img", "aria-label": label });
+  if (values.length === 1) values = [values[0], values[0]];
   const max = Math.max(...values, 1);
   const step = values.length > 1 ? width / (values.length - 1) : width;
   const points = values.map((v, i) => `${(i * step).toFixed(1)},${(height - 2 - (v / max) * (height - 4)).toFixed(1)}`);
@@ -953,20 +954,18 @@ async function renderConversation(main) {
   const view = state.view;
   const responses = h("ul", { class: "responses", id: "responses", "aria-live": "polite" });
   const messages = h("ol", { class: "messages", id: "messages" });
-  const more = h("button", { type: "button", id: "messages-more", hidden: true }, "Older messages");
+  const more = h("button", { type: "button", id: "messages-more", hidden: true }, "Earlier messages");
   main.replaceChildren(
     h("div", { class: "heading" }, h("h1", {}, "Conversation"), sessionTabs(view, "conversation")),
     section("Activity", h("p", { class: "muted", id: "activity-state" }, "connecting…"), responses),
-    section("Messages", messages, more),
+    section("Messages", more, messages),
   );
   focusHeading(main);
-  let page = 0;
-  let pages = 1;
-  const loadMessages = async (reset) => {
-    if (reset) page = 0;
-    const reply = await api(`${base(view.agent, view.session)}/messages?page=${page}&page_size=20`);
-    pages = reply.pages;
-    const items = reply.messages.map((m) =>
+  // The history is oldest first: show its last page, and earlier pages on request.
+  let first = 0;
+  const url = (page) => `${base(view.agent, view.session)}/messages?page=${page}&page_size=20`;
+  const items = (reply) =>
+    reply.messages.map((m) =>
       h(
         "li",
         { class: `message role-${m.role}` },
@@ -974,17 +973,21 @@ async function renderConversation(main) {
         h("p", { class: "text" }, m.text),
       ),
     );
-    if (reset) messages.replaceChildren(...items);
-    else messages.append(...items);
-    if (!reply.messages.length && reset) messages.replaceChildren(h("li", { class: "empty" }, "No message yet."));
-    more.hidden = page + 1 >= pages;
+  const loadLatest = async () => {
+    let reply = await api(url(0));
+    if (reply.pages > 1) reply = await api(url(reply.pages - 1));
+    first = reply.page;
+    messages.replaceChildren(...(reply.messages.length ? items(reply) : [h("li", { class: "empty" }, "No message yet.")]));
+    more.hidden = first <= 0;
   };
   more.addEventListener("click", async () => {
-    page += 1;
-    await loadMessages(false);
+    const reply = await api(url(first - 1));
+    first = reply.page;
+    messages.prepend(...items(reply));
+    more.hidden = first <= 0;
   });
-  await loadMessages(true);
-  followActivity(view, responses, () => loadMessages(true).catch(() => {}));
+  await loadLatest();
+  followActivity(view, responses, () => loadLatest().catch(() => {}));
 }
 
 function followActivity(view, list, onFinal) {

@@ -197,6 +197,29 @@ def test_the_conversation_shows_response_snapshots_live_and_the_history(page: An
     save(page, shots, "conversation")
 
 
+def test_evidence_and_sub_tasks_render_when_present_and_worker_text_stays_text(
+    page: Any, person: Api, shots: Path
+) -> None:
+    # Tasks do not carry evidence or sub-tasks yet: the browser gets a snapshot that has them
+    # (the real one, plus those fields and a title a hostile worker could have chosen).
+    task = person.create("<img src=x onerror=window.__owned=1>", profile="exit-at-once")
+    snapshot = person.wait_state(task["taskId"], "completed")
+    snapshot["evidence"] = {"skills": ["review"], "subagents": ["critic"], "subagentModels": ["model-x"]}
+    child = "c" * 32
+    snapshot["subagents"] = [{"taskId": child, "title": "check the tests", "state": "completed"}]
+    url = f"**/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks/{task['taskId']}"
+    page.route(url, lambda route: route.fulfill(json={"task": snapshot}))
+    sign_in(page, person.key)
+    page.goto(f"/#/a/{AGENT}/s/{SESSION}/t/{task['taskId']}")
+    page.get_by_role("heading", name="<img src=x onerror=window.__owned=1>").wait_for()
+    wait_text(page, "main", "Evidence")
+    wait_text(page, "main", "model-x")
+    expect(page.get_by_role("link", name="check the tests · completed")).to_have_attribute(
+        "href", f"#/a/{AGENT}/s/{SESSION}/t/{child}"
+    )
+    assert page.evaluate("window.__owned === undefined") and page.locator("main img").count() == 0
+
+
 def test_cancel_asks_for_confirmation_and_ends_cancelled(page: Any, person: Api, shots: Path) -> None:
     task = person.create("long runner", profile="behave", instructions=json.dumps([{"sleep": 120}]))
     person.wait_state(task["taskId"], "running")
