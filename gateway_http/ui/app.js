@@ -288,6 +288,11 @@ async function route() {
   document.getElementById("signout").hidden = !apiKey();
   const main = document.getElementById("main");
   try {
+    // A reload keeps the tab's key: check it once and learn whose it is.
+    if (apiKey() && !state.me && view.name !== "signin") {
+      state.me = await api("/api/v1/me");
+      crumbs(view);
+    }
     if (view.name === "signin") renderSignIn(main);
     else if (view.name === "sessions") await renderSessions(main);
     else {
@@ -686,7 +691,11 @@ function reuse(id, signature, build) {
 
 function actionMessage() {
   const m = keep.actionMessage;
-  return h("p", { id: "action-message", class: m ? (m.error ? "error" : "ok") : "", role: m && m.error ? "alert" : "status" }, m ? m.text : "");
+  return h(
+    "p",
+    { id: "action-message", tabindex: "-1", class: m ? (m.error ? "error" : "ok") : "", role: m && m.error ? "alert" : "status" },
+    m ? m.text : "",
+  );
 }
 
 async function act(label, path, body) {
@@ -703,6 +712,9 @@ async function act(label, path, body) {
     return false;
   } finally {
     renderTask(true);
+    // The button pressed may be gone (a finished task has none): keep keyboard focus in the page.
+    const main = document.getElementById("main");
+    if (main && !main.contains(document.activeElement)) document.getElementById("action-message")?.focus();
   }
 }
 
