@@ -18,7 +18,7 @@ from gateway_http import errors, openapi
 from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import channels, conversation, health, questions, sessions, tasks
+from gateway_http.routes import channels, conversation, dashboard, health, me, questions, sessions, tasks
 from gateway_http.store import GatewayStore
 from gateway_http.telegram import TelegramAdapter
 from libs.settings import Settings
@@ -73,6 +73,7 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.state.settings = settings
     app.state.store = store
     app.state.telegram = {}
+    app.state.ui_assets = dashboard.load_assets()
     app.add_exception_handler(errors.ApiError, errors.api_error_handler)
     app.add_exception_handler(grpc.aio.AioRpcError, errors.rpc_error_handler)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
@@ -84,5 +85,7 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.include_router(conversation.router)
     app.include_router(questions.router)
     app.include_router(channels.router)
+    app.include_router(me.router)
+    app.include_router(dashboard.router)
     openapi.install(app, settings)
     return app

@@ -298,6 +298,33 @@ class CancelResult(_Closed):
     task: TaskStateRef
 
 
+class WorkerLog(_Closed):
+    """The tail of a worker's log: what the attempt's process wrote to stdout and stderr."""
+
+    taskId: str
+    attempt: int | None = Field(default=None, description="the attempt read; absent when the task has none yet")
+    sizeBytes: int = Field(description="the whole log's size")
+    truncated: bool = Field(description="the log holds more than text: only its tail is here")
+    text: str = Field(description="the tail as UTF-8 (undecodable bytes replaced)")
+
+
+# --- who the key is ------------------------------------------------------------------
+
+
+class MyAgent(_Closed):
+    agentId: str
+    orchestrationEnabled: bool
+    sessions: list[str] = Field(description="sessions of this agent the key's principal is a member of")
+
+
+class Me(_Closed):
+    """The API key's principal, its agents and its sessions (what a dashboard offers to open)."""
+
+    principal: str
+    allowTools: list[str] | None = Field(default=None, description="absent: every tool is allowed")
+    agents: list[MyAgent]
+
+
 # --- the session's pending task -----------------------------------------------------
 
 

@@ -231,6 +231,19 @@ class GatewayStore:
     async def member(self, agent_id: str, session_id: str, principal: str) -> bool:
         return await self.db.run(lambda s: self.is_member(s, agent_id, session_id, principal))
 
+    async def sessions_of(self, principal: str) -> list[tuple[str, str]]:
+        """The (agent, session) pairs the principal is a member of, in order."""
+
+        def work(s: Session) -> list[tuple[str, str]]:
+            rows = s.exec(
+                select(MembershipRow)
+                .where(MembershipRow.principal == principal)
+                .order_by(col(MembershipRow.agent_id), col(MembershipRow.session_id))
+            ).all()
+            return [(r.agent_id, r.session_id) for r in rows]
+
+        return await self.db.run(work)
+
     async def binding(self, channel: str, chat_id: str, thread_id: str) -> tuple[str, str] | None:
         """The (agent, session) a chat or thread is bound to."""
         return await self.db.run(lambda s: self.find_binding(s, channel, chat_id, thread_id))

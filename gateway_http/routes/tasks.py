@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Annotated
 
 import grpc
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -24,6 +25,7 @@ from gateway_http.schemas import (
     TaskEnvelope,
     TaskIdPath,
     TaskPage,
+    WorkerLog,
 )
 from libs.settings import Settings
 from taskgate.pending.v1 import pending_pb2 as pending_pb
@@ -158,6 +160,41 @@ async def task_events(request: Request, caller: SessionCaller) -> AsyncIterator[
 async def get_task(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
     """The full snapshot, with the whole retained result."""
     return JSONResponse({"task": task_json(await owned_task(request, caller, taskId))})
+
+
+# The scheduler's bound (services.scheduler.worker_log.MAX_TAIL_BYTES): a page, not a download.
+MAX_LOG_TAIL_BYTES = 65536
+TailBytesQuery = Annotated[
+    int, Query(ge=1, le=MAX_LOG_TAIL_BYTES, description="bytes from the end of the log, at most 64 KiB")
+]
+AttemptQuery = Annotated[int | None, Query(ge=1, le=1_000_000, description="the attempt's number; default: the latest")]
+
+
+@router.get("/tasks/{taskId}/log", response_model=WorkerLog, responses=responses(404))
+async def worker_log(
+    request: Request,
+    caller: SessionCaller,
+    taskId: TaskIdPath,
+    tailBytes: TailBytesQuery = 16384,
+    attempt: AttemptQuery = None,
+) -> JSONResponse:
+    """The tail of the worker's log (its stdout and stderr) for the latest attempt, or the one named."""
+    await owned_task(request, caller, taskId)
+    backends = _backends(request)
+    reply = await backends.scheduler.GetWorkerLog(
+        pb.GetWorkerLogRequest(task_id=taskId, attempt_number=attempt or 0, tail_bytes=tailBytes),
+        timeout=backends.timeout_s,
+        metadata=request_metadata(request),
+    )
+    body: dict[str, object] = {
+        "taskId": taskId,
+        "sizeBytes": reply.size_bytes,
+        "truncated": reply.truncated,
+        "text": reply.content.decode("utf-8", errors="replace"),
+    }
+    if reply.attempt_number:
+        body["attempt"] = reply.attempt_number
+    return JSONResponse(body)
 
 
 @router.post("/tasks/{taskId}/cancel", response_model=CancelResult, responses=responses(404, 413))

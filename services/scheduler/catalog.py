@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs import errors
 from libs.ids import time_ordered_id
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, NewTask, State, Task
 from services.scheduler.runtime import Runtime
+from services.scheduler.worker_log import LogTail, read_tail, validate_tail_request
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,19 @@ class TaskCatalog:
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         domain.validate_task_id(task_id)
         return await self.rt.store.task_with_attempts(task_id)
+
+    async def worker_log(self, task_id: str, attempt_number: int, tail_bytes: int) -> LogTail:
+        """The tail of an attempt's log (``attempt_number`` 0: the latest attempt)."""
+        domain.validate_task_id(task_id)
+        wanted = validate_tail_request(attempt_number, tail_bytes)
+        _, attempts = await self.rt.store.task_with_attempts(task_id)
+        numbers = {a.number for a in attempts}
+        number = attempt_number or max(numbers, default=0)
+        if number == 0:
+            return LogTail(0, b"", 0)
+        if number not in numbers:
+            raise errors.NotFound("ATTEMPT_NOT_FOUND", f"the task has no attempt {number}")
+        return await asyncio.to_thread(read_tail, self.rt.settings.data_dir, task_id, number, wanted)
 
     async def list_tasks(
         self, agent_id: str, session_id: str, page: int, page_size: int, include_finished: bool

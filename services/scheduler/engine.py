@@ -49,6 +49,7 @@ from services.scheduler.stopping import Stopper
 from services.scheduler.store import SchedulerStore
 from services.scheduler.supervision import Supervisor
 from services.scheduler.watch import Watchers
+from services.scheduler.worker_log import LogTail
 
 __all__ = [
     "ALLOWED_ENV",
@@ -166,6 +167,9 @@ class Engine:
         self, agent_id: str, session_id: str, page: int, page_size: int, include_finished: bool
     ) -> TaskPage:
         return await self.catalog.list_tasks(agent_id, session_id, page, page_size, include_finished)
+
+    async def worker_log(self, task_id: str, attempt_number: int, tail_bytes: int) -> LogTail:
+        return await self.catalog.worker_log(task_id, attempt_number, tail_bytes)
 
     async def dispatch_once(self) -> int:
         return await self.launcher.dispatch_once()

@@ -23,6 +23,7 @@ from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutc
 from services.scheduler.runtime import LiveAttempt, Runtime, hash_token
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
+from services.scheduler.worker_log import attempt_log_path
 
 log = structlog.get_logger("scheduler")
 
@@ -143,7 +144,7 @@ class Launcher:
             rt.live[task_id] = live
             rt.by_token[attempt.token_hash] = live
             run_as = rt.run_as.get(task.profile)
-            log_path = rt.settings.data_dir.resolve() / "logs" / task_id / f"attempt-{attempt.number}.log"
+            log_path = attempt_log_path(rt.settings.data_dir, task_id, attempt.number)
             try:
                 await rt.ownership.forking(attempt)
                 addr = rt.worker_addr(run_as.uid if run_as else None)

@@ -91,6 +91,17 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         task = await self.engine.retry_cleanup(request.task_id)
         return pb.RetryCleanupResponse(task=convert.task_to_pb(task, self._now()))
 
+    async def GetWorkerLog(
+        self, request: pb.GetWorkerLogRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetWorkerLogResponse:
+        tail = await self.engine.worker_log(request.task_id, request.attempt_number, request.tail_bytes)
+        return pb.GetWorkerLogResponse(
+            attempt_number=tail.attempt_number,
+            content=tail.content,
+            size_bytes=tail.size_bytes,
+            truncated=tail.truncated,
+        )
+
     async def WatchTasks(
         self, request: pb.WatchTasksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchTasksResponse]:

@@ -32,6 +32,8 @@ def main() -> int:
             w.usage(**arg)
         elif action == "result":
             w.result(arg["text"], unresolved_background=arg.get("unresolved_background", False))
+        elif action == "print":
+            print(arg, flush=True)  # to the attempt's worker log
         elif action == "sleep":
             time.sleep(arg)
         elif action == "sleep_unless_resumed":

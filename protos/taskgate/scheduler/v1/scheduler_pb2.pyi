@@ -576,3 +576,25 @@ class ResumeTaskResponse(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     task: Task
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
+
+class GetWorkerLogRequest(_message.Message):
+    __slots__ = ("task_id", "attempt_number", "tail_bytes")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TAIL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    attempt_number: int
+    tail_bytes: int
+    def __init__(self, task_id: _Optional[str] = ..., attempt_number: _Optional[int] = ..., tail_bytes: _Optional[int] = ...) -> None: ...
+
+class GetWorkerLogResponse(_message.Message):
+    __slots__ = ("attempt_number", "content", "size_bytes", "truncated")
+    ATTEMPT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    attempt_number: int
+    content: bytes
+    size_bytes: int
+    truncated: bool
+    def __init__(self, attempt_number: _Optional[int] = ..., content: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...

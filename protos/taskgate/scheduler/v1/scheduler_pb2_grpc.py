@@ -76,6 +76,11 @@ class SchedulerServiceStub:
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksRequest.SerializeToString,
                 response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksResponse.FromString,
                 _registered_method=True)
+        self.GetWorkerLog = channel.unary_unary(
+                '/taskgate.scheduler.v1.SchedulerService/GetWorkerLog',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -137,6 +142,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetWorkerLog(self, request, context):
+        """The tail of an attempt's worker log (its stdout and stderr, as the scheduler
+        writes them), at most 64 KiB.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +192,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.WatchTasks,
                     request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksRequest.FromString,
                     response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksResponse.SerializeToString,
+            ),
+            'GetWorkerLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkerLog,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,6 +417,33 @@ class SchedulerService:
             '/taskgate.scheduler.v1.SchedulerService/WatchTasks',
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksRequest.SerializeToString,
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkerLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.SchedulerService/GetWorkerLog',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogResponse.FromString,
             options,
             channel_credentials,
             insecure,

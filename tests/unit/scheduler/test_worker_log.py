@@ -1,0 +1,102 @@
+"""The worker log tail: bounded, the latest attempt by default, never through a symlink;
+and GetWorkerLog over a real in-process gRPC server with a real worker's output."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from libs.errors import FailedPrecondition
+from services.scheduler.domain import InvalidArgument, State
+from services.scheduler.worker_log import (
+    DEFAULT_TAIL_BYTES,
+    MAX_TAIL_BYTES,
+    attempt_log_path,
+    read_tail,
+    validate_tail_request,
+)
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.unit.scheduler.test_engine import Harness, start_harness
+
+TASK = "a" * 32
+
+
+def write_log(data_dir: Path, number: int, content: bytes) -> Path:
+    path = attempt_log_path(data_dir, TASK, number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def test_the_tail_is_bounded_and_says_when_there_is_more(tmp_path: Path) -> None:
+    write_log(tmp_path, 1, b"0123456789")
+    tail = read_tail(tmp_path, TASK, 1, 4)
+    assert (tail.content, tail.size_bytes, tail.truncated) == (b"6789", 10, True)
+    whole = read_tail(tmp_path, TASK, 1, 100)
+    assert (whole.content, whole.truncated) == (b"0123456789", False)
+    assert read_tail(tmp_path, TASK, 2, 100).content == b""  # no such log (yet): empty
+
+
+def test_bounds_of_a_request() -> None:
+    assert validate_tail_request(0, 0) == DEFAULT_TAIL_BYTES
+    assert validate_tail_request(3, MAX_TAIL_BYTES) == MAX_TAIL_BYTES
+    for attempt, tail in ((0, MAX_TAIL_BYTES + 1), (0, -1), (-1, 10)):
+        with pytest.raises(InvalidArgument):
+            validate_tail_request(attempt, tail)
+
+
+def test_a_symlinked_log_or_folder_is_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secrets" / "gateway.secret"
+    secret.parent.mkdir()
+    secret.write_text("s3cret")
+    log = attempt_log_path(tmp_path, TASK, 1)
+    log.parent.mkdir(parents=True)
+    os.symlink(secret, log)
+    with pytest.raises(FailedPrecondition) as refused:
+        read_tail(tmp_path, TASK, 1, 100)
+    assert refused.value.reason == "WORKER_LOG_UNREADABLE"
+    log.unlink()
+    log.parent.rmdir()
+    os.symlink(secret.parent, log.parent)  # the task's folder itself
+    with pytest.raises(FailedPrecondition):
+        read_tail(tmp_path, TASK, 1, 100)
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    h = await start_harness(tmp_path)
+    yield h
+    await h.close()
+
+
+async def test_get_worker_log_reads_the_latest_attempts_output(harness: Harness) -> None:
+    task = await harness.create("behave", [{"print": "hello from the worker"}, {"result": {"text": "ok"}}])
+    async with grpc.aio.insecure_channel(harness.engine.settings.scheduler_addr) as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)
+        before = await stub.GetWorkerLog(pb.GetWorkerLogRequest(task_id=task.task_id), timeout=5)
+        assert (before.attempt_number, before.content, before.size_bytes) == (0, b"", 0)  # no attempt yet
+        assert await harness.engine.dispatch_once() == 1
+        await harness.wait(task.task_id, [State.COMPLETED])
+        reply = await stub.GetWorkerLog(pb.GetWorkerLogRequest(task_id=task.task_id), timeout=5)
+        assert reply.attempt_number == 1 and reply.content == b"hello from the worker\n" and not reply.truncated
+        tail = await stub.GetWorkerLog(pb.GetWorkerLogRequest(task_id=task.task_id, tail_bytes=6), timeout=5)
+        assert (tail.content, tail.size_bytes, tail.truncated) == (b"orker\n", 22, True)
+        for bad in (
+            pb.GetWorkerLogRequest(task_id=task.task_id, tail_bytes=MAX_TAIL_BYTES + 1),
+            pb.GetWorkerLogRequest(task_id="../etc"),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetWorkerLog(bad, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for missing in (
+            pb.GetWorkerLogRequest(task_id="b" * 32),
+            pb.GetWorkerLogRequest(task_id=task.task_id, attempt_number=2),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetWorkerLog(missing, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.NOT_FOUND
