@@ -75,20 +75,20 @@ async def test_fails_twice_then_delivers_on_the_schedule_with_a_stable_key_and_s
     n = await add(store, clock)
     start = clock.now
     assert await d.tick() == 1
-    await asyncio.sleep(0.05)
+    await settled(d)
     assert len(seen) == 1
     for wait in (4_999, 1):  # not before 5 s after the first failure
         clock.now += wait
         await d.tick()
-        await asyncio.sleep(0.05)
+        await settled(d)
     assert len(seen) == 2
     clock.now += 9_999
     await d.tick()
-    await asyncio.sleep(0.05)
+    await settled(d)
     assert len(seen) == 2
     clock.now += 1
     await d.tick()
-    await asyncio.sleep(0.05)
+    await settled(d)
     assert len(seen) == 3
     final = await store.get_notification("a", "s", n.notification_id)
     assert final.state == State.DELIVERED and [a.at - start for a in final.attempts] == [0, 5_000, 15_000]
@@ -107,9 +107,14 @@ async def test_retry_after_is_honoured(store: NotifierStore) -> None:
     d = deliverer(store, clock, lambda _r: replies.pop(0))
     n = await add(store, clock)
     await d.tick()
-    await asyncio.sleep(0.05)
+    await settled(d)
     stored = await store.get_notification("a", "s", n.notification_id)
     assert stored.next_attempt_at == clock.now + 60_000 and stored.attempts[0].http_status == 429
+
+
+async def settled(d: Deliverer) -> None:
+    """Every attempt the last tick started is recorded (no fixed sleep: the machine may be loaded)."""
+    await until(lambda: not d._busy)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -162,7 +167,7 @@ async def test_a_timeout_is_a_failed_attempt(store: NotifierStore) -> None:
     d = deliverer(store, clock, handler)
     n = await add(store, clock)
     await d.tick()
-    await asyncio.sleep(0.05)
+    await settled(d)
     stored = await store.get_notification("a", "s", n.notification_id)
     assert stored.state == State.PENDING and "timed out" in (stored.attempts[0].error or "")
     assert stored.next_attempt_at == clock.now + 5_000
