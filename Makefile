@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The job-queue peers of the comparison benchmark live in their own environment, never in .venv.
+PEERS_VENV := var/bench-peers-venv
+PEERS_STAMP := $(PEERS_VENV)/.installed
+BENCH_ARGS ?=
 
-.PHONY: run test test-fast bench proto proto-check lint clean
+.PHONY: run test test-fast bench bench-peers proto proto-check lint clean
 
 # (Re)create the environment when the lock or the project metadata changes.
 $(STAMP): requirements.lock pyproject.toml
@@ -20,8 +24,19 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
-	$(PY) bench/run_all.py
+$(PEERS_STAMP): bench/peers/requirements.txt
+	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/peers/requirements.txt
+	@touch $(PEERS_STAMP)
+
+# Every benchmark, then taskgate next to Huey, procrastinate, Celery and the spawn floor.
+bench: $(STAMP) $(PEERS_STAMP)
+	$(PY) bench/run_all.py $(BENCH_ARGS)
+
+# The comparison alone (BENCH_ARGS="--quick" for a smoke run, "--only huey,celery" for a subset).
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(PY) bench/compare_peers.py $(BENCH_ARGS)
 
 proto: $(STAMP)
 	PYTHON=$(PY) scripts/gen_protos.sh
