@@ -32,11 +32,11 @@ $(PEERS_STAMP): bench/peers/requirements.txt
 
 # Every benchmark, then taskgate next to Huey, procrastinate, Celery and the spawn floor.
 bench: $(STAMP) $(PEERS_STAMP)
-	$(PY) bench/run_all.py $(BENCH_ARGS)
+	$(PY) bench/run_all.py --peers-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
 
 # The comparison alone (BENCH_ARGS="--quick" for a smoke run, "--only huey,celery" for a subset).
 bench-peers: $(STAMP) $(PEERS_STAMP)
-	$(PY) bench/compare_peers.py $(BENCH_ARGS)
+	$(PY) bench/compare_peers.py --peers-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
 
 proto: $(STAMP)
 	PYTHON=$(PY) scripts/gen_protos.sh
