@@ -32,8 +32,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,16 +86,20 @@ def reproduce(key: str, n: int, rounds: int) -> str:
 
 
 def result_from_file(key: str, path: Path, n: int, command: str) -> SystemResult:
+    """A runner's JSON file (its rounds) as the system's result."""
     raw = json.loads(path.read_text())
     rounds = [RoundFigures.from_json(r) for r in raw["rounds"]]
     label, workload = LABELS[key]
     return SystemResult.from_rounds(key, label, workload, command, n, rounds, version=str(raw.get("version", "")))
 
 
-def skipped(key: str, command: str, reason: str) -> SystemResult:
-    label, workload = LABELS[key]
-    progress(f"  {label}: skipped — {reason}")
-    return SystemResult.skip(key, label, workload, command, reason)
+class RoundFailed(Exception):
+    """A system could not run (a round failed, or what it needs is missing); the message says why."""
+
+
+def with_load(figures: RoundFigures) -> RoundFigures:
+    """The round's figures plus the 1-minute load average at its end (the machine is shared)."""
+    return RoundFigures(figures.tasks_per_s, figures.latencies_ms, {**figures.extra, "load_1m": os.getloadavg()[0]})
 
 
 # --- the spawn floor -------------------------------------------------------------------------------
@@ -117,31 +122,21 @@ async def spawn_round(n: int, in_flight: int) -> RoundFigures:
     return RoundFigures(tasks_per_s=n / (time.perf_counter() - began), latencies_ms=tuple(latencies))
 
 
-def run_spawn_floor(key: str, in_flight: int, n: int, rounds: int) -> SystemResult:
-    label, workload = LABELS[key]
-    figures = []
-    for r in range(rounds):
-        figures.append(asyncio.run(spawn_round(n, in_flight)))
-        progress(f"  {label} round {r + 1}/{rounds}: {figures[-1].tasks_per_s:8.1f} spawns/s")
-    version = f"Python {platform.python_version()}"
-    return SystemResult.from_rounds(key, label, workload, reproduce(key, n, rounds), n, figures, version=version)
+# --- taskgate and the peers: one runner process per round, figures through a JSON file ---------------
 
 
-# --- taskgate and the peers: a runner process each, figures through a JSON file ---------------------
-
-
-def run_runner(key: str, argv: list[str], n: int, rounds: int, workdir: Path) -> SystemResult:
+def run_runner(key: str, argv: list[str], n: int, workdir: Path) -> tuple[RoundFigures, str]:
+    """One round of a runner: its figures and the versions it reports."""
     out = workdir / f"{key}.json"
     out.unlink(missing_ok=True)
-    cmd = [*argv, "--n" if key != TASKGATE else "--throughput", str(n), "--rounds", str(rounds), "--json", str(out)]
-    if key != TASKGATE:
-        cmd += ["--workdir", str(workdir / key)]
+    size = ["--throughput", str(n)] if key == TASKGATE else ["--n", str(n), "--workdir", str(workdir / key)]
+    cmd = [*argv, *size, "--rounds", "1", "--json", str(out)]
     progress(f"  $ {shlex.join(cmd)}")
     done = subprocess.run(cmd, cwd=REPO, check=False)
-    command = reproduce(key, n, rounds)
     if done.returncode != 0 or not out.exists():
-        return skipped(key, command, f"its run failed (exit {done.returncode}); see the output above")
-    return result_from_file(key, out, n, command)
+        raise RoundFailed(f"its run failed (exit {done.returncode}); see the output above")
+    raw = json.loads(out.read_text())
+    return RoundFigures.from_json(raw["rounds"][0]), str(raw.get("version", ""))
 
 
 def redis_ping(port: int) -> bool:
@@ -155,32 +150,17 @@ def redis_ping(port: int) -> bool:
 
 @contextmanager
 def throwaway_redis(workdir: Path) -> Iterator[str]:
-    """A redis-server on a free loopback port, no persistence; stopped (its group) on exit."""
+    """A redis-server on a free loopback port, no persistence; stopped on exit."""
     port = free_port()
     log = (workdir / "redis.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv += ["--dir", str(workdir)]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 20
         while not redis_ping(port):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not answer PING (see {workdir / 'redis.log'})")
+                raise RoundFailed(f"redis-server did not answer PING (see {workdir / 'redis.log'})")
             time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}"
     finally:
@@ -193,33 +173,91 @@ def throwaway_redis(workdir: Path) -> Iterator[str]:
         log.close()
 
 
-def run_taskgate(n: int, rounds: int, workdir: Path) -> SystemResult:
-    return run_runner(TASKGATE, [sys.executable, "bench/bench_tasks.py"], n, rounds, workdir)
-
-
-def run_huey(peers: Path, n: int, rounds: int, workdir: Path) -> SystemResult:
-    return run_runner("huey", [str(peers), "bench/peers/huey_peer.py"], n, rounds, workdir)
-
-
-def run_procrastinate(peers: Path, n: int, rounds: int, workdir: Path) -> SystemResult:
+@contextmanager
+def throwaway_postgres(workdir: Path) -> Iterator[str]:
+    """An empty database in a throwaway PostgreSQL cluster (tests/support/postgres.py); stopped on exit."""
     try:
         url, stop = start_postgres(workdir / "postgres")
     except PostgresUnavailable as exc:
-        return skipped("procrastinate", reproduce("procrastinate", n, rounds), f"no PostgreSQL here ({exc})")
+        raise RoundFailed(f"no PostgreSQL here ({exc})") from exc
     try:
-        database = fresh_database(url, "bench")
-        argv = [str(peers), "bench/peers/procrastinate_peer.py", "--url", database]
-        return run_runner("procrastinate", argv, n, rounds, workdir)
+        yield fresh_database(url, "bench")
     finally:
         stop()
 
 
-def run_celery(peers: Path, n: int, rounds: int, workdir: Path) -> SystemResult:
-    if shutil.which("redis-server") is None:
-        reason = "redis-server is not on PATH (apt-get install -y redis-server)"
-        return skipped("celery", reproduce("celery", n, rounds), reason)
-    with throwaway_redis(workdir) as url:
-        return run_runner("celery", [str(peers), "bench/peers/celery_peer.py", "--url", url], n, rounds, workdir)
+def round_runners(
+    wanted: list[str], peers: Path, n: int, workdir: Path, services: ExitStack
+) -> dict[str, Callable[[], tuple[RoundFigures, str]] | str]:
+    """For each wanted system: how to run one round, or why it cannot run. Starts PostgreSQL and Redis."""
+    python = f"Python {platform.python_version()}"
+    runners: dict[str, Callable[[], tuple[RoundFigures, str]] | str] = {
+        SPAWN_SEQUENTIAL: lambda: (asyncio.run(spawn_round(n, 1)), python),
+        SPAWN_PARALLEL: lambda: (asyncio.run(spawn_round(n, 8)), python),
+        TASKGATE: partial(run_runner, TASKGATE, [sys.executable, "bench/bench_tasks.py"], n, workdir),
+    }
+    missing_peers = f"the peers' environment is missing ({peers}); `make bench-peers` creates it"
+    for key in ("huey", "procrastinate", "celery"):
+        if key in wanted and not peers.exists():
+            runners[key] = missing_peers
+    if "huey" in wanted and "huey" not in runners:
+        runners["huey"] = partial(run_runner, "huey", [str(peers), "bench/peers/huey_peer.py"], n, workdir)
+    if "procrastinate" in wanted and "procrastinate" not in runners:
+        try:
+            database = services.enter_context(throwaway_postgres(workdir))
+            argv = [str(peers), "bench/peers/procrastinate_peer.py", "--url", database]
+            runners["procrastinate"] = partial(run_runner, "procrastinate", argv, n, workdir)
+        except RoundFailed as exc:
+            runners["procrastinate"] = str(exc)
+    if "celery" in wanted and "celery" not in runners:
+        if shutil.which("redis-server") is None:
+            runners["celery"] = "redis-server is not on PATH (apt-get install -y redis-server)"
+        else:
+            try:
+                url = services.enter_context(throwaway_redis(workdir))
+                argv = [str(peers), "bench/peers/celery_peer.py", "--url", url]
+                runners["celery"] = partial(run_runner, "celery", argv, n, workdir)
+            except RoundFailed as exc:
+                runners["celery"] = str(exc)
+    return {key: runners[key] for key in wanted}
+
+
+def run_all(wanted: list[str], peers: Path, n: int, rounds: int) -> list[SystemResult]:
+    """Round 1 of every system, then round 2 of every system, ...: a change in the machine's load
+    during the run falls on all of them, not on whichever system happened to run then."""
+    figures: dict[str, list[RoundFigures]] = {key: [] for key in wanted}
+    versions: dict[str, str] = {}
+    workdir = Path(tempfile.mkdtemp(prefix="taskgate-bench-peers-"))
+    try:
+        with ExitStack() as services:
+            runners = round_runners(wanted, peers, n, workdir, services)
+            failed = {key: why for key, why in runners.items() if isinstance(why, str)}
+            for key, why in failed.items():
+                progress(f"{LABELS[key][0]}: skipped — {why}")
+            for r in range(rounds):
+                for key, runner in runners.items():
+                    if key in failed or isinstance(runner, str):
+                        continue
+                    progress(f"\n[{LABELS[key][0]}] round {r + 1}/{rounds}")
+                    try:
+                        one, versions[key] = runner()
+                    except RoundFailed as exc:
+                        failed[key] = str(exc)
+                        progress(f"  {LABELS[key][0]}: skipped — {exc}")
+                        continue
+                    figures[key].append(with_load(one))
+                    progress(f"  {one.tasks_per_s:8.1f} tasks/s (load average {os.getloadavg()[0]:.1f})")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results = []
+    for key in wanted:
+        label, workload = LABELS[key]
+        command = reproduce(key, n, rounds)
+        if key in failed:
+            results.append(SystemResult.skip(key, label, workload, command, failed[key]))
+        else:
+            results.append(SystemResult.from_rounds(key, label, workload, command, n, figures[key], versions[key]))
+    return results
 
 
 # --- the whole run ------------------------------------------------------------------------------------
@@ -253,49 +291,27 @@ def main() -> None:
     out = args.out or (REPO / "var" / "bench-peers" / "results.json" if partial else DOCS / "results.json")
     peers = args.peers_python
 
-    load = os.getloadavg()
-    progress(f"comparing taskgate with its peers: N={n}, {rounds} round(s), load average {load[0]:.2f}")
-    if load[0] > (os.cpu_count() or 1):
+    at_start = machine()
+    load = os.getloadavg()[0]
+    progress(f"comparing taskgate with its peers: N={n}, {rounds} round(s) each, load average {load:.2f}")
+    if load > (os.cpu_count() or 1):
         progress("  note: the machine is busy; the absolute rates will be low")
-
-    workdir = Path(tempfile.mkdtemp(prefix="taskgate-bench-peers-"))
-    runs: dict[str, Callable[[], SystemResult]] = {
-        SPAWN_SEQUENTIAL: lambda: run_spawn_floor(SPAWN_SEQUENTIAL, 1, n, rounds),
-        SPAWN_PARALLEL: lambda: run_spawn_floor(SPAWN_PARALLEL, 8, n, rounds),
-        TASKGATE: lambda: run_taskgate(n, rounds, workdir),
-        "huey": lambda: run_huey(peers, n, rounds, workdir),
-        "procrastinate": lambda: run_procrastinate(peers, n, rounds, workdir),
-        "celery": lambda: run_celery(peers, n, rounds, workdir),
-    }
-    results = []
-    try:
-        for key in SYSTEMS:
-            if only and key not in only:
-                continue
-            progress(f"\n[{LABELS[key][0]}]")
-            if key not in (TASKGATE, SPAWN_SEQUENTIAL, SPAWN_PARALLEL) and not peers.exists():
-                reason = f"the peers' environment is missing ({peers}); `make bench-peers` creates it"
-                results.append(skipped(key, reproduce(key, n, rounds), reason))
-                continue
-            results.append(runs[key]())
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
+    results = run_all([key for key in SYSTEMS if not only or key in only], peers, n, rounds)
     comparison = Comparison(
-        systems=tuple(results), generated_at=datetime.now(UTC).isoformat(timespec="seconds"), machine=machine()
+        systems=tuple(results), generated_at=datetime.now(UTC).isoformat(timespec="seconds"), machine=at_start
     )
     comparison.write(out)
     progress(f"\nfigures (tasks/s median of {rounds}; latency enqueue→completion pooled over the rounds):")
     for line in summary_lines(comparison):
         progress(line)
-    progress(f"\nwrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+    progress(f"\nwrote {out}")
     if partial:
         return
     (out.parent / "results.md").write_text(
         f"<!-- written by bench/compare_peers.py on {comparison.generated_at}; do not edit -->\n\n"
         f"{markdown_table(comparison)}\n\n{targets_table(comparison)}\n"
     )
-    progress(f"wrote {(out.parent / 'results.md').relative_to(REPO)}")
+    progress(f"wrote {out.parent / 'results.md'}")
     if not peers.exists():
         progress("no chart: the peers' environment (with matplotlib) is missing")
         return

@@ -246,20 +246,25 @@ def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
 
 
 def markdown_table(comparison: Comparison) -> str:
-    """The README's table: one row per system, the command that reproduces each figure."""
+    """The README's table: one row per system, the command that reproduces each figure.
+
+    "load avg" is the median over the rounds of the 1-minute load average as each round ended.
+    """
     ratios = comparison.ratios()
     lines = [
-        "| system | workload | tasks/s (median) | latency p50 | latency p99 | taskgate ÷ system | reproduce |",
-        "|---|---|---|---|---|---|---|",
+        "| system | workload | tasks/s (median) | latency p50 | latency p99 | taskgate ÷ system | load avg "
+        "| reproduce |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in comparison.systems:
         if s.skipped:
-            lines.append(f"| {s.label} | {s.workload} | skipped: {s.skipped} | — | — | — | `{s.command}` |")
+            lines.append(f"| {s.label} | {s.workload} | skipped: {s.skipped} | — | — | — | — | `{s.command}` |")
             continue
         ratio = "1" if s.key == TASKGATE else _fmt(ratios.get(s.key), 2, "×")
         lines.append(
             f"| {s.label} | {s.workload} (N={s.n}, {s.rounds} rounds) | {_fmt(s.tasks_per_s)} "
-            f"| {_fmt(s.latency_p50_ms, 2, ' ms')} | {_fmt(s.latency_p99_ms, 2, ' ms')} | {ratio} | `{s.command}` |"
+            f"| {_fmt(s.latency_p50_ms, 2, ' ms')} | {_fmt(s.latency_p99_ms, 2, ' ms')} | {ratio} "
+            f"| {_fmt(s.extra.get('load_1m'))} | `{s.command}` |"
         )
     return "\n".join(lines)
 

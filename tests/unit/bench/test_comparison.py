@@ -115,14 +115,14 @@ def test_table_rows_carry_figures_ratios_skips_and_commands() -> None:
     comparison = Comparison(
         systems=(
             system(TASKGATE, [100.0], (5.0,), scheduler_cpu_ms_per_task=8.0),
-            system("procrastinate", [400.0], (2.5,)),
+            system("procrastinate", [400.0], (2.5,), load_1m=3.25),
             SystemResult.skip("celery", "Celery (Redis)", "no-op", "make bench-peers", "redis-server is not on PATH"),
         )
     )
     table = markdown_table(comparison).splitlines()
     assert len(table) == 2 + 3
     assert table[2].startswith("| Taskgate |") and "| 100.0 |" in table[2] and "`run taskgate`" in table[2]
-    assert "| 0.25× |" in table[3] and "2.50 ms" in table[3]
+    assert "| 0.25× | 3.2 |" in table[3] and "2.50 ms" in table[3]
     assert "skipped: redis-server is not on PATH" in table[4] and "`make bench-peers`" in table[4]
     targets = targets_table(comparison)
     assert "| tasks/s | >= 600/s | 100.0 | no |" in targets
