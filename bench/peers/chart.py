@@ -30,8 +30,8 @@ def color(s: SystemResult) -> str:
 def subtitle(c: Comparison) -> str:
     n = max((s.n for s in c.systems), default=0)
     rounds = max((s.rounds for s in c.systems), default=0)
-    load = c.machine.get("load_average_at_start", [None])[0]
-    load_text = f", load {load:.1f} at start" if isinstance(load, float) else ""
+    loads = [s.extra["load_1m"] for s in c.systems if "load_1m" in s.extra]
+    load_text = f", load average {min(loads):.1f}–{max(loads):.1f} (medians per system)" if loads else ""
     return f"N={n}, median of {rounds} rounds, {c.machine.get('cpus', '?')} cores{load_text}, {c.generated_at}"
 
 
