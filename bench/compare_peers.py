@@ -1,6 +1,7 @@
 """taskgate next to its job-queue peers on this machine, in one run (issue 11 item 6).
 
 Run: make bench-peers                      (creates the peers' environment, then runs this)
+     .venv/bin/python bench/compare_peers.py --render   (redraw results.md and the charts from results.json)
      .venv/bin/python bench/compare_peers.py [--n 1000] [--rounds 3] [--quick] [--only huey,celery]
 
 Each system gets the same N tasks, enqueued as fast as its client goes, timed until the last one has
@@ -263,8 +264,14 @@ def run_all(wanted: list[str], peers: Path, n: int, rounds: int) -> list[SystemR
 # --- the whole run ------------------------------------------------------------------------------------
 
 
+def taskgate_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
 def machine() -> dict[str, object]:
     return {
+        "taskgate_commit": taskgate_commit(),
         "cpus": os.cpu_count(),
         "load_average_at_start": list(os.getloadavg()),
         "python": platform.python_version(),
@@ -280,7 +287,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(SYSTEMS)}")
     parser.add_argument("--peers-python", type=Path, default=PEERS_PYTHON)
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default docs/bench/results.json)")
+    parser.add_argument("--render", action="store_true", help="only redraw results.md and charts from results.json")
     args = parser.parse_args()
+    if args.render:
+        results = args.out or DOCS / "results.json"
+        write_report(Comparison.read(results), results, args.peers_python)
+        return
     n = args.n or (QUICK_N if args.quick else 1000)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else 3)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -307,15 +319,21 @@ def main() -> None:
     progress(f"\nwrote {out}")
     if partial:
         return
-    (out.parent / "results.md").write_text(
+    write_report(comparison, out, peers)
+
+
+def write_report(comparison: Comparison, results: Path, peers: Path) -> None:
+    """results.md (the README's tables) and the charts beside ``results``, from the figures of one whole run."""
+    out_dir = results.parent
+    (out_dir / "results.md").write_text(
         f"<!-- written by bench/compare_peers.py on {comparison.generated_at}; do not edit -->\n\n"
         f"{markdown_table(comparison)}\n\n{targets_table(comparison)}\n"
     )
-    progress(f"wrote {out.parent / 'results.md'}")
+    progress(f"wrote {out_dir / 'results.md'}")
     if not peers.exists():
         progress("no chart: the peers' environment (with matplotlib) is missing")
         return
-    drawn = subprocess.run([str(peers), "bench/peers/chart.py", str(out), str(out.parent)], cwd=REPO, check=False)
+    drawn = subprocess.run([str(peers), "bench/peers/chart.py", str(results), str(out_dir)], cwd=REPO, check=False)
     if drawn.returncode != 0:
         sys.exit("drawing the chart failed")
 

@@ -245,6 +245,13 @@ def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
     return "—" if value is None else f"{value:,.{digits}f}{suffix}"
 
 
+def _ms(value: float | None) -> str:
+    """Milliseconds with the digits that mean something at that size."""
+    if value is None:
+        return "—"
+    return _fmt(value, 2 if value < 10 else 1 if value < 1000 else 0, " ms")
+
+
 def markdown_table(comparison: Comparison) -> str:
     """The README's table: one row per system, the command that reproduces each figure.
 
@@ -263,7 +270,7 @@ def markdown_table(comparison: Comparison) -> str:
         ratio = "1" if s.key == TASKGATE else _fmt(ratios.get(s.key), 2, "×")
         lines.append(
             f"| {s.label} | {s.workload} (N={s.n}, {s.rounds} rounds) | {_fmt(s.tasks_per_s)} "
-            f"| {_fmt(s.latency_p50_ms, 2, ' ms')} | {_fmt(s.latency_p99_ms, 2, ' ms')} | {ratio} "
+            f"| {_ms(s.latency_p50_ms)} | {_ms(s.latency_p99_ms)} | {ratio} "
             f"| {_fmt(s.extra.get('load_1m'))} | `{s.command}` |"
         )
     return "\n".join(lines)
