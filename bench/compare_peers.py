@@ -14,8 +14,8 @@ over the rounds; a burst of N, so queue wait is part of it):
     per task, each in the peers' own environment (var/bench-peers-venv), never the project's;
   - the spawn floor: bare asyncio.create_subprocess_exec('/bin/true') + wait, one at a time and 8 in flight.
 Writes docs/bench/results.json and results.md, and draws docs/bench/*.png (matplotlib, peers' environment).
-With --only the figures go to var/bench-peers/results.json and no chart is drawn, so that docs/bench
-always holds one whole run.
+With --quick the figures, table and charts go to var/bench-peers/, with --only the figures alone, so
+that docs/bench always holds one whole run at full size.
 """
 
 from __future__ import annotations
@@ -300,7 +300,9 @@ def main() -> None:
     if unknown or n < 1 or rounds < 1:
         parser.error(f"unknown system(s) {unknown}" if unknown else "--n and --rounds must be at least 1")
     partial = bool(only)
-    out = args.out or (REPO / "var" / "bench-peers" / "results.json" if partial else DOCS / "results.json")
+    # Only a whole run at full size replaces docs/bench; a smoke run or a subset goes to var/.
+    scratch = REPO / "var" / "bench-peers" / "results.json"
+    out = args.out or (scratch if partial or args.quick else DOCS / "results.json")
     peers = args.peers_python
 
     at_start = machine()
