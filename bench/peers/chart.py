@@ -31,8 +31,9 @@ def subtitle(c: Comparison) -> str:
     n = max((s.n for s in c.systems), default=0)
     rounds = max((s.rounds for s in c.systems), default=0)
     loads = [s.extra["load_1m"] for s in c.systems if "load_1m" in s.extra]
-    load_text = f", load average {min(loads):.1f}–{max(loads):.1f} (medians per system)" if loads else ""
-    return f"N={n}, median of {rounds} rounds, {c.machine.get('cpus', '?')} cores{load_text}, {c.generated_at}"
+    load_text = f"\nload average {min(loads):.1f}–{max(loads):.1f} (medians per system)" if loads else ""
+    when = c.generated_at[:16].replace("T", " ") + " UTC" if c.generated_at else ""
+    return f"N={n}, median of {rounds} rounds, {c.machine.get('cpus', '?')} cores{load_text}, {when}"
 
 
 def draw_rates(c: Comparison, path: Path) -> None:
