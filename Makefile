@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The job-queue peers of the comparison benchmark live in their own environment, never in .venv.
+PEERS_VENV := var/bench-peers-venv
+PEERS_STAMP := $(PEERS_VENV)/.installed
+BENCH_ARGS ?=
 
-.PHONY: run test chaos test-fast bench proto proto-check lint clean
+.PHONY: run test chaos test-fast bench bench-peers proto proto-check lint clean
 
 # (Re)create the environment when the lock or the project metadata changes.
 $(STAMP): requirements.lock pyproject.toml
@@ -25,8 +29,19 @@ test: $(STAMP)
 chaos: $(STAMP)
 	$(PY) -m pytest -q -s -m chaos tests/chaos
 
-bench: $(STAMP)
-	$(PY) bench/run_all.py
+$(PEERS_STAMP): bench/peers/requirements.txt
+	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r bench/peers/requirements.txt
+	@touch $(PEERS_STAMP)
+
+# Every benchmark, then taskgate next to Huey, procrastinate, Celery and the spawn floor.
+bench: $(STAMP) $(PEERS_STAMP)
+	$(PY) bench/run_all.py --peers-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
+
+# The comparison alone (BENCH_ARGS="--quick" for a smoke run, "--only huey,celery" for a subset).
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(PY) bench/compare_peers.py --peers-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
 
 proto: $(STAMP)
 	PYTHON=$(PY) scripts/gen_protos.sh

@@ -1,9 +1,10 @@
 """Task throughput, launch rate and cancel latency against the real five-process system.
 
 Run: .venv/bin/python bench/bench_tasks.py   (or `make bench`)
-     .venv/bin/python bench/bench_tasks.py --throughput 1000 [--rounds 3] [--profile out.svg]
+     .venv/bin/python bench/bench_tasks.py --throughput 1000 [--rounds 3] [--profile out.svg] [--json out.json]
        only REST created -> completed for N `/bin/true` workers, a fresh stack per round, with
-       the scheduler's CPU per task (and a py-spy flame graph of the scheduler when asked)
+       the scheduler's CPU per task, each task's createdAt -> endedAt latency (and a py-spy flame
+       graph of the scheduler when asked); --json writes the rounds for bench/compare_peers.py
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -198,8 +200,29 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float]:
-    """(tasks/s created -> completed, scheduler CPU ms per task) for N `/bin/true` tasks."""
+def _instant(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+async def task_latencies_ms(http: httpx.AsyncClient, base: str) -> list[float]:
+    """createdAt -> endedAt of every finished task of the session (the scheduler's own clock, ms)."""
+    out: list[float] = []
+    page, pages = 0, 1
+    while page < pages:
+        r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 100, "page": page})
+        r.raise_for_status()
+        body = r.json()
+        pages = body["pages"]
+        for task in body["tasks"]:
+            timing = task.get("timing", {})
+            if "createdAt" in timing and "endedAt" in timing:
+                out.append((_instant(timing["endedAt"]) - _instant(timing["createdAt"])) * 1000)
+        page += 1
+    return out
+
+
+async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float, list[float]]:
+    """(tasks/s created -> completed, scheduler CPU ms per task, per-task latencies) for N `/bin/true` tasks."""
     with tempfile.TemporaryDirectory() as tmp:
         stack = make_stack(Path(tmp), max_running=64, cancel_grace_ms=1000)
         stack.start()
@@ -247,25 +270,36 @@ async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float
                 r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
                 completed = r.json()["total"]
                 assert completed == n, completed
+                latencies = await task_latencies_ms(http, base)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 await spy.wait()
-            return n / total_s, cpu_ms / n
+            return n / total_s, cpu_ms / n, latencies
         finally:
             stack.stop()
 
 
-async def throughput_main(n: int, rounds: int, profile_to: str | None) -> None:
-    rates, cpus = [], []
+async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: str | None) -> None:
+    rates, cpus, all_latencies, per_round = [], [], [], []
     for r in range(rounds):
-        rate, cpu = await throughput_round(n, profile_to if r == 0 else None)
+        rate, cpu, latencies = await throughput_round(n, profile_to if r == 0 else None)
         rates.append(rate)
         cpus.append(cpu)
-        print(f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, scheduler CPU {cpu:5.2f} ms/task", flush=True)
+        all_latencies.extend(latencies)
+        per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": {"scheduler_cpu_ms_per_task": cpu}})
+        print(
+            f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, scheduler CPU {cpu:5.2f} ms/task, "
+            f"created->ended p50 {pct(latencies, 0.5):7.1f} ms",
+            flush=True,
+        )
     print(
         f"REST created->completed, /bin/true workers, N={n} (median of {rounds}): "
-        f"{statistics.median(rates):7.1f} tasks/s, scheduler CPU {statistics.median(cpus):5.2f} ms/task"
+        f"{statistics.median(rates):7.1f} tasks/s, scheduler CPU {statistics.median(cpus):5.2f} ms/task, "
+        f"created->ended p50 {pct(all_latencies, 0.5):7.1f} ms p99 {pct(all_latencies, 0.99):7.1f} ms"
     )
+    if json_to:
+        out = {"version": "taskgate", "config": {"max_running": 64}, "rounds": per_round}
+        Path(json_to).write_text(json.dumps(out))
 
 
 async def _wait(channel: grpc.aio.Channel, task_id: str, done: object) -> None:
@@ -281,8 +315,9 @@ if __name__ == "__main__":
     parser.add_argument("--throughput", type=int, default=0, help="only created->completed for N /bin/true tasks")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", default=None, help="py-spy flame graph of the scheduler (first round)")
+    parser.add_argument("--json", default=None, help="with --throughput: write the rounds to this file")
     args = parser.parse_args()
     if args.throughput:
-        asyncio.run(throughput_main(args.throughput, args.rounds, args.profile))
+        asyncio.run(throughput_main(args.throughput, args.rounds, args.profile, args.json))
     else:
         asyncio.run(main())
