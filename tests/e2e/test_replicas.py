@@ -218,3 +218,39 @@ def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: A
         assert second["host_id"] == victim_host
     assert "reconciled_host_lost" in stack.procs[victim].logs()
     assert len(task_ids) == 6
+
+
+def test_a_watch_on_one_replica_sees_changes_made_by_another(stack_of: Any) -> None:
+    stack = stack_of(2, max_running=2)
+    anchor = create_spread(stack, 1, "sleeper")[0]  # on the first replica
+    with stack.scheduler_channel("scheduler", "gateway") as channel:
+        stream = pb_grpc.SchedulerServiceStub(channel).WatchTasks(
+            pb.WatchTasksRequest(agent_id="agent-1", session_id="cli-replicas"), timeout=30
+        )
+        first = next(stream)  # the stream is live once its snapshot arrived
+        assert first.type == pb.TASK_EVENT_TYPE_SNAPSHOT and first.task.task_id == anchor
+        # Created on the other replica: its event reaches this one's watchers from the log.
+        with stack.scheduler_channel("scheduler-1", "gateway") as other:
+            created = (
+                pb_grpc.SchedulerServiceStub(other)
+                .CreateTask(
+                    pb.CreateTaskRequest(agent_id="agent-1", session_id="cli-replicas", title="w", profile="sleeper"),
+                    timeout=10,
+                )
+                .task
+            )
+            seen = []
+            for event in stream:
+                if event.task.task_id != created.task_id:
+                    continue
+                assert event.type != pb.TASK_EVENT_TYPE_SNAPSHOT
+                seen.append(event.task.state)
+                if event.task.state == pb.TASK_STATE_RUNNING:
+                    # Cancelled through the other replica, whoever runs it: this stream still shows it.
+                    pb_grpc.SchedulerServiceStub(other).CancelTask(
+                        pb.CancelTaskRequest(task_id=created.task_id), timeout=30
+                    )
+                if event.task.state == pb.TASK_STATE_CANCELLED:
+                    break
+        stream.cancel()
+    assert seen[0] == pb.TASK_STATE_QUEUED and seen[-1] == pb.TASK_STATE_CANCELLED, seen
