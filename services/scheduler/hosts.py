@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 
 from services.scheduler.runtime import Runtime
-from services.scheduler.store import NOTIFY_CHANNEL
+from services.scheduler.store import NOTIFY_CHANNEL, SecondReplica
 
 log = structlog.get_logger("scheduler")
 
@@ -131,7 +131,13 @@ class HostLease:
 
     async def register(self) -> None:
         rt = self.rt
-        await rt.store.register_host(rt.boot_id, rt.clock.now_ms(), rt.tasks_cfg.lease_ms, only_one=not rt.multi_host)
+        try:
+            await rt.store.register_host(
+                rt.boot_id, rt.clock.now_ms(), rt.tasks_cfg.lease_ms, only_one=not rt.multi_host
+            )
+        except SecondReplica as exc:
+            log.error("second_replica_refused", host_id=rt.host_id, reason=str(exc))
+            raise
         log.info("scheduler_host_registered", host_id=rt.host_id, multi_host=rt.multi_host)
 
     async def loop(self) -> None:

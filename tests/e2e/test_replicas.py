@@ -191,9 +191,7 @@ def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: A
 
     def all_lost() -> bool:
         with db(stack) as conn:
-            rows = conn.execute(
-                "SELECT state, doc FROM tasks WHERE task_id = ANY(%s)", (lost,)
-            ).fetchall()
+            rows = conn.execute("SELECT state, doc FROM tasks WHERE task_id = ANY(%s)", (lost,)).fetchall()
         return all(r[0] == "needs_reconciliation" and json.loads(r[1])["failure"]["code"] == "HOST_LOST" for r in rows)
 
     wait_until("HOST_LOST", all_lost, stack, 30)
