@@ -132,7 +132,7 @@ def assert_ran_once(stack: Stack, task_ids: list[str], replicas: int) -> None:
     print(f"tasks per host: {dict(hosts)}")
 
 
-@pytest.mark.parametrize("replicas,count", [(2, 200), (3, 150)])
+@pytest.mark.parametrize("replicas,count", [(2, 120), (3, 90)])
 def test_replicas_run_each_task_exactly_once(stack_of: Any, replicas: int, count: int) -> None:
     stack = stack_of(replicas, max_running=8)
     task_ids = create_spread(stack, count, "true")
