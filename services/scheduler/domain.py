@@ -743,8 +743,10 @@ def host_lost_outcome(task: Task, attempt: Attempt | None) -> PendingOutcome:
     """Where a HOST_LOST task goes once its own host proved the worker gone: the worker's
     recorded exit when it ended by itself (and no stop was asked for), else what was kept."""
     if task.cancellation is None and attempt is not None and attempt.state == "ended":
-        returncode = attempt.exit_code if attempt.exit_code is not None else (
-            -attempt.signal if attempt.signal is not None else None
+        returncode = (
+            attempt.exit_code
+            if attempt.exit_code is not None
+            else (-attempt.signal if attempt.signal is not None else None)
         )
         if returncode is not None and attempt.outcome in ("exited", "killed"):
             state, failure = describe_exit(returncode)
@@ -815,6 +817,27 @@ def request_cancel(task: Task, cancellation: Cancellation, now: int) -> Task:
 
 
 PAUSE_CAUSE = "paused"
+
+
+def stop_elsewhere(task: Task, cancellation: Cancellation, pause_it: bool, launch_begun: bool, now: int) -> bool:
+    """A cancel or pause of a task another host owns (its worker is that host's to stop).
+
+    Nothing can run yet (queued, its owner has not begun a launch): done at once. A task
+    being recovered keeps the request for its recovery. Otherwise the request is the task's
+    ``cancel_requested`` state with the cause, for the owner to apply with proof. False
+    when there is nothing to do."""
+    if cancel_is_noop(task) or (pause_it and pause_is_noop(task)):
+        return False
+    if task.state == State.RECOVERING:
+        return record_cancel_while_recovering(task, cancellation, now) is not None
+    if task.state == State.QUEUED and not launch_begun:
+        if pause_it:
+            pause(task, now)
+        else:
+            cancel_at_once(task, cancellation, now)
+        return True
+    request_cancel(task, cancellation, now)
+    return True
 
 
 def requested_stop(task: Task) -> str:

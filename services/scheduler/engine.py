@@ -32,7 +32,7 @@ from services.scheduler import domain
 from services.scheduler.catalog import TaskCatalog, TaskPage
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
-from services.scheduler.hosts import EventRelay, HostLease, Listener, control_loop
+from services.scheduler.hosts import EventRelay, HostIdInUse, HostLease, Listener, control_loop
 from services.scheduler.launch import ALLOWED_ENV, Launcher
 from services.scheduler.log_follower import LOG_GAP_WAIT_MS, LogFollower
 from services.scheduler.question_closer import QuestionCloser
@@ -122,7 +122,11 @@ class Engine:
         rt = self.runtime
         if self.listener is not None:
             # First: the host id's lock (refuses a second live process with this id).
-            await self.listener.connect()
+            try:
+                await self.listener.connect()
+            except HostIdInUse as exc:
+                log.error("host_id_in_use", host_id=rt.host_id, reason=str(exc))
+                raise
         await self.lease.register()
         if rt.multi_host:
             await rt.store.adopt_unowned()
@@ -140,9 +144,7 @@ class Engine:
                 self._loops += [
                     asyncio.create_task(self.listener.run(), name="notify-listener"),
                     asyncio.create_task(self.relay.loop(), name="event-relay"),
-                    asyncio.create_task(
-                        control_loop(rt, self.stopper.apply_requested_stops), name="requested-stops"
-                    ),
+                    asyncio.create_task(control_loop(rt, self.stopper.apply_requested_stops), name="requested-stops"),
                 ]
         rt.wake.set()
 

@@ -27,17 +27,12 @@ from services.scheduler.domain import (
     State,
     Task,
     TaskNotFound,
-    cancel_at_once,
-    cancel_is_noop,
     check_transition,
     closes_questions,
     mark_host_lost,
-    pause_is_noop,
-    record_cancel_while_recovering,
     release_when_requeued,
-    request_cancel,
+    stop_elsewhere,
 )
-from services.scheduler.domain import pause as pause_task
 from services.scheduler.group_commit import GroupCommit
 
 MIGRATIONS = [
@@ -757,24 +752,17 @@ class SchedulerStore:
             task = _task_from_row(rows[0])
             before = task.state
             owner = task.owner_host
-            if cancel_is_noop(task) or (pause and pause_is_noop(task)) or owner in (None, self.host_id):
+            if owner in (None, self.host_id):
                 return task, None
-            if task.state == State.RECOVERING:
-                changed = record_cancel_while_recovering(task, cancellation, now)
-                if changed is None:
-                    return task, None
-            elif task.state == State.QUEUED and not any(
+            # Its owner's launch commits a `launching` row under this same row lock: absent
+            # here, it has not begun and will find the task no longer queued.
+            launch_begun = any(
                 Attempt.model_validate_json(r.doc).state == "launching"
                 for r in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
-            ):
-                # Its owner's launch commits a `launching` row under this same row lock, so
-                # it has not begun and will find the task no longer queued.
-                if pause:
-                    pause_task(task, now)
-                else:
-                    cancel_at_once(task, cancellation, now)
-            else:
-                request_cancel(task, cancellation, now)
+            )
+            if not stop_elsewhere(task, cancellation, pause, launch_begun, now):
+                return task, None
+            if task.state == State.CANCEL_REQUESTED:
                 notify(s, f"control:{owner}")
             if task.state != before:
                 check_transition(before, task.state)

@@ -201,3 +201,24 @@ async def test_a_stop_asked_on_another_host_is_recorded_for_the_owner(pg_db: Dat
     again, stored = await other.request_stop_elsewhere(busy.task_id, cancel, False, NOW)
     assert stored is None and again.state == State.CANCEL_REQUESTED
     assert [t.task_id for t in await owner.tasks_in_states([State.CANCEL_REQUESTED], owner="owner")] == [busy.task_id]
+
+
+@pytest.mark.postgres
+async def test_a_second_live_process_with_the_same_host_id_is_refused(pg_db: Database) -> None:
+    from types import SimpleNamespace
+
+    from services.scheduler.hosts import HostIdInUse, Listener
+
+    first = Listener(SimpleNamespace(host_id="same"), pg_db.url)  # type: ignore[arg-type]
+    second = Listener(SimpleNamespace(host_id="same"), pg_db.url)  # type: ignore[arg-type]
+    other = Listener(SimpleNamespace(host_id="other"), pg_db.url)  # type: ignore[arg-type]
+    await first.connect()
+    try:
+        with pytest.raises(HostIdInUse):
+            await second.connect()
+        await other.connect()
+        await first.close()  # the process is gone (its connection closed): the id is free again
+        await second.connect()
+    finally:
+        for listener in (first, second, other):
+            await listener.close()
