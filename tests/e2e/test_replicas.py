@@ -143,7 +143,7 @@ def test_replicas_run_each_task_exactly_once(stack_of: Any, replicas: int, count
 def test_a_cancel_sent_to_one_replica_is_applied_by_the_owner(stack_of: Any) -> None:
     stack = stack_of(2, max_running=2)
     task_ids = create_spread(stack, 4, "sleeper")
-    wait_until("four running", lambda: states(stack).get("running", 0) == 4, stack, 30)
+    wait_until("four running", lambda: states(stack).get("running", 0) == 4, stack, 60)
     with db(stack) as conn:
         owners = dict(conn.execute("SELECT task_id, owner_host FROM tasks").fetchall())
     assert len(set(owners.values())) == 2, owners
@@ -179,7 +179,7 @@ def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: A
     victim = "scheduler-1"
     victim_host = _host_of(stack, victim)
     task_ids = create_spread(stack, 6, "sleeper")
-    wait_until("six running", lambda: states(stack).get("running", 0) == 6, stack, 30)
+    wait_until("six running", lambda: states(stack).get("running", 0) == 6, stack, 60)
     with db(stack) as conn:
         lost = [r[0] for r in conn.execute("SELECT task_id FROM tasks WHERE owner_host = %s", (victim_host,))]
     assert lost, "the victim runs some tasks"
@@ -194,7 +194,7 @@ def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: A
             rows = conn.execute("SELECT state, doc FROM tasks WHERE task_id = ANY(%s)", (lost,)).fetchall()
         return all(r[0] == "needs_reconciliation" and json.loads(r[1])["failure"]["code"] == "HOST_LOST" for r in rows)
 
-    wait_until("HOST_LOST", all_lost, stack, 30)
+    wait_until("HOST_LOST", all_lost, stack, 60)
     time.sleep((LEASE_MS + GRACE_MS) / 1000)  # a while longer: nothing re-runs them
     after = attempts_by_task(stack)
     assert all(len(after[t]) == 1 for t in lost), "never re-run while its worker may live"
@@ -207,7 +207,7 @@ def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: A
         "resumed",
         lambda: all(len(attempts_by_task(stack).get(t, [])) == 2 for t in lost) and states(stack)["running"] == 6,
         stack,
-        30,
+        60,
     )
     for t in lost:
         first, second = attempts_by_task(stack)[t]
