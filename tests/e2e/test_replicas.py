@@ -165,6 +165,22 @@ def test_a_cancel_sent_to_one_replica_is_applied_by_the_owner(stack_of: Any) -> 
     assert "applying_requested_stop" in stack.procs["scheduler-1"].logs()
     assert states(stack)["running"] == 3, "the others run on"
 
+    # A pause the same way: the owner stops it with proof and it is `paused`; a resume on
+    # this replica re-queues it for any host (nothing runs while paused).
+    paused = next(t for t in task_ids if owners[t] != _host_of(stack, "scheduler") and t != other)
+    with stack.scheduler_channel("scheduler", "operator") as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)
+        task = stub.PauseTask(pb.PauseTaskRequest(task_id=paused, wait_ms=20_000), timeout=30).task
+        deadline = time.monotonic() + 20
+        while task.state != pb.TASK_STATE_PAUSED:
+            assert time.monotonic() < deadline, task
+            time.sleep(0.1)
+            task = stub.GetTask(pb.GetTaskRequest(task_id=paused), timeout=10).task
+        resumed = stub.ResumeTask(pb.ResumeTaskRequest(task_id=paused), timeout=10).task
+        assert resumed.state == pb.TASK_STATE_QUEUED
+    wait_until("resumed and running", lambda: states(stack).get("running", 0) == 3, stack, 60)
+    assert len(attempts_by_task(stack)[paused]) == 2
+
 
 def _host_of(stack: Stack, name: str) -> str:
     """The host id a replica registered (its data dir's default)."""
