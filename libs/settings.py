@@ -54,6 +54,13 @@ class TaskSettings(_Frozen):
     # worker was spawned and before its attempt is committed `running`, so a test
     # can kill the scheduler exactly there.
     fault_hold_launch_ms: int = Field(0, ge=0)
+    # Several scheduler hosts on one PostgreSQL: a host's claim on its tasks lasts
+    # lease_ms past its last renewal (renewed every lease_ms / 3); another replica
+    # marks a silent host's tasks HOST_LOST once host_lost_grace_ms more has passed.
+    lease_ms: int = Field(15_000, ge=300)
+    host_lost_grace_ms: int = Field(15_000, ge=0)
+    # The slow safety poll behind LISTEN/NOTIFY wake-ups (PostgreSQL).
+    safety_poll_ms: int = Field(5_000, ge=50)
 
     @classmethod
     def _aliases(cls, raw: dict[str, Any]) -> dict[str, Any]:
@@ -166,6 +173,9 @@ class Settings(_Frozen):
     worker_socket_dir: str = ""
     # Empty means SQLite under data_dir.
     scheduler_db_url: str = ""
+    # This scheduler replica's name among those sharing one database; empty derives
+    # it from the hostname and the data dir (see services.scheduler.hosts).
+    scheduler_host_id: str = ""
     pending_db_url: str = ""
     notifier_db_url: str = ""
     gateway_db_url: str = ""

@@ -14,6 +14,7 @@ from libs.grpc_server import serve
 from libs.startup import StopSignal, boot, migrate
 from services.scheduler.engine import Engine
 from services.scheduler.failure_reports import FailureReportsClient
+from services.scheduler.hosts import resolve_host_id
 from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
@@ -28,6 +29,7 @@ async def main() -> None:
     stop = StopSignal.install()
     settings = boot("scheduler", os.environ)
     db = Database(settings.db_url("scheduler"), MIGRATIONS)
+    host_id = resolve_host_id(settings.scheduler_host_id, settings.data_dir)
     await migrate(db)
     security = ClientSecurity.for_identity(settings, "scheduler")
     telemetry = TelemetryClient(settings.telemetry_addr, security)
@@ -36,7 +38,7 @@ async def main() -> None:
     # This process spawns nothing but workers, so every other child is a worker's orphan.
     engine = Engine(
         settings,
-        SchedulerStore(db),
+        SchedulerStore(db, host_id),
         telemetry=telemetry,
         questions=questions,
         reap_unknown_orphans=True,

@@ -101,7 +101,8 @@ _ALLOWED: dict[State, frozenset[State]] = {
     ),
     # cancel_requested also carries a pause while its worker is being stopped.
     State.CANCEL_REQUESTED: frozenset({State.CANCELLED, State.NEEDS_RECONCILIATION, State.RECOVERING, State.PAUSED}),
-    State.NEEDS_RECONCILIATION: frozenset({State.CANCELLED, State.FAILED, State.QUEUED, State.PAUSED}),
+    # completed: a HOST_LOST task whose worker, its host found on return, had exited 0.
+    State.NEEDS_RECONCILIATION: frozenset({State.CANCELLED, State.FAILED, State.QUEUED, State.PAUSED, State.COMPLETED}),
     State.RECOVERING: frozenset(
         # completed: its worker had reported its result and exited before the crash
         {State.QUEUED, State.NEEDS_RECONCILIATION, State.FAILED, State.CANCELLED, State.COMPLETED, State.PAUSED}
@@ -140,6 +141,8 @@ class FailureCode(StrEnum):
     GATEWAY_SHUTDOWN = "GATEWAY_SHUTDOWN"
     GATEWAY_SHUTDOWN_REPEATED = "GATEWAY_SHUTDOWN_REPEATED"
     CLEANUP_UNCONFIRMED = "CLEANUP_UNCONFIRMED"
+    # Its scheduler host stopped renewing its lease: the worker may still live there.
+    HOST_LOST = "HOST_LOST"
 
 
 class Progress(BaseModel):
@@ -213,6 +216,8 @@ class Attempt(BaseModel):
     state: str | None = None
     # The attempt's own cgroup (cgroup mode): the stop kills it, empty is proof.
     cgroup: str | None = None
+    # The scheduler host that launched it (only that host can signal or prove it).
+    host_id: str | None = None
 
 
 class PendingQuestion(BaseModel):
@@ -289,6 +294,9 @@ class Task(BaseModel):
     restart_resume: RestartResume | None = None
     pending_question: PendingQuestion | None = None
     pending_outcome: PendingOutcome | None = None
+    # The scheduler host that claimed it and owns its workers; None while queued
+    # unclaimed (a re-queue after a proven stop releases it to any host).
+    owner_host: str | None = None
     # Per-task revision of the stored snapshot: +1 on every committed change (store.update_task).
     # Watchers drop an event older than what they already sent (publishes may reorder across
     # database threads), so a client never sees an older snapshot after a newer one.
@@ -744,6 +752,47 @@ def mark_unconfirmed(task: Task, outcome: PendingOutcome, detail: str, now: int)
     return True
 
 
+def mark_host_lost(task: Task, host_id: str, now: int) -> bool:
+    """The task's host stopped renewing its lease: its worker may live on there, so the task is
+    never re-run elsewhere; it waits in needs_reconciliation with what its recovery would do, for
+    that host's return (or the operator). Unclaimed or settled tasks are left alone."""
+    if task.owner_host != host_id or task.terminal or task.state in (State.NEEDS_RECONCILIATION, State.PAUSED):
+        return False
+    outcome = recovery_outcome(task)
+    task.state = State.NEEDS_RECONCILIATION
+    task.updated_at = now
+    task.pending_outcome = outcome
+    task.failure = Failure(
+        code=FailureCode.HOST_LOST,
+        message=f"scheduler host {host_id} stopped renewing its lease; its worker may still run there",
+        retryable=True,
+    )
+    if task.cancellation is not None:
+        task.cancellation.cleanup = "unconfirmed"
+    return True
+
+
+def host_lost_outcome(task: Task, attempt: Attempt | None) -> PendingOutcome:
+    """Where a HOST_LOST task goes once its own host proved the worker gone: the worker's
+    recorded exit when it ended by itself (and no stop was asked for), else what was kept."""
+    if task.cancellation is None and attempt is not None and attempt.state == "ended":
+        returncode = (
+            attempt.exit_code
+            if attempt.exit_code is not None
+            else (-attempt.signal if attempt.signal is not None else None)
+        )
+        if returncode is not None and attempt.outcome in ("exited", "killed"):
+            state, failure = describe_exit(returncode)
+            return PendingOutcome(state=state, failure=failure, result=exit_result(state, task.result))
+    return task.pending_outcome or interrupted_outcome()
+
+
+def release_when_requeued(before: Task, after: Task) -> None:
+    """A task queued again after a proven stop (or a resume) may run on any host: no owner."""
+    if after.state == State.QUEUED and before.state != State.QUEUED:
+        after.owner_host = None
+
+
 def interrupted_outcome() -> PendingOutcome:
     """A task an earlier incarnation left running is re-queued once its worker is proven gone."""
     failure = Failure(code=FailureCode.GATEWAY_SHUTDOWN, message="the scheduler restarted", retryable=True)
@@ -801,6 +850,32 @@ def request_cancel(task: Task, cancellation: Cancellation, now: int) -> Task:
 
 
 PAUSE_CAUSE = "paused"
+
+
+def stop_elsewhere(task: Task, cancellation: Cancellation, pause_it: bool, launch_begun: bool, now: int) -> bool:
+    """A cancel or pause of a task another host owns (its worker is that host's to stop).
+
+    Nothing can run yet (queued, its owner has not begun a launch): done at once. A task
+    being recovered keeps the request for its recovery. Otherwise the request is the task's
+    ``cancel_requested`` state with the cause, for the owner to apply with proof. False
+    when there is nothing to do."""
+    if cancel_is_noop(task) or (pause_it and pause_is_noop(task)):
+        return False
+    if task.state == State.RECOVERING:
+        return record_cancel_while_recovering(task, cancellation, now) is not None
+    if task.state == State.QUEUED and not launch_begun:
+        if pause_it:
+            pause(task, now)
+        else:
+            cancel_at_once(task, cancellation, now)
+        return True
+    request_cancel(task, cancellation, now)
+    return True
+
+
+def requested_stop(task: Task) -> str:
+    """The stop a ``cancel_requested`` task asks its owner for: ``pause`` or ``cancel``."""
+    return "pause" if task.cancellation is not None and task.cancellation.cause == PAUSE_CAUSE else "cancel"
 
 
 def pause(task: Task, now: int) -> Task:

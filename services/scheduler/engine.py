@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+import structlog
+
 from libs import proctree
 from libs.clock import Clock, SystemClock
 from libs.settings import Settings
@@ -30,6 +32,7 @@ from services.scheduler import domain
 from services.scheduler.catalog import TaskCatalog, TaskPage
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
+from services.scheduler.hosts import EventRelay, HostIdInUse, HostLease, Listener, control_loop
 from services.scheduler.launch import ALLOWED_ENV, Launcher
 from services.scheduler.log_follower import LOG_GAP_WAIT_MS, LogFollower
 from services.scheduler.question_closer import QuestionCloser
@@ -50,6 +53,8 @@ from services.scheduler.store import SchedulerStore
 from services.scheduler.supervision import Supervisor
 from services.scheduler.watch import Watchers
 from services.scheduler.worker_log import LogTail
+
+log = structlog.get_logger("scheduler")
 
 __all__ = [
     "ALLOWED_ENV",
@@ -99,6 +104,9 @@ class Engine:
         self.watchers = Watchers(rt)
         self.log_follower = LogFollower(rt)
         self.question_closer = QuestionCloser(rt)
+        self.lease = HostLease(rt, self.recovery.reconcile_host_lost)
+        self.listener: Listener | None = Listener(rt, store.db.url) if rt.multi_host else None
+        self.relay = EventRelay(rt, LOG_GAP_WAIT_MS)
         self._loops: list[asyncio.Task[None]] = []
 
     @property
@@ -123,6 +131,16 @@ class Engine:
 
     async def start(self, run_loops: bool = True) -> None:
         rt = self.runtime
+        if self.listener is not None:
+            # First: the host id's lock (refuses a second live process with this id).
+            try:
+                await self.listener.connect()
+            except HostIdInUse as exc:
+                log.error("host_id_in_use", host_id=rt.host_id, reason=str(exc))
+                raise
+        await self.lease.register()
+        if rt.multi_host:
+            await rt.store.adopt_unowned()
         rt.ownership.start(rt.tasks_cfg.proof_mode, rt.settings.data_dir)
         await self.recover()
         await rt.ownership.sweep()  # what recovery did not need is an empty leftover
@@ -132,7 +150,14 @@ class Engine:
                 asyncio.create_task(self.supervisor.loop(), name="supervisor"),
                 asyncio.create_task(self.question_closer.run(), name="question-closer"),
                 asyncio.create_task(self.recovery.legacy_adoption_loop(), name="legacy-adoption"),
+                asyncio.create_task(self.lease.loop(), name="host-lease"),
             ]
+            if self.listener is not None:
+                self._loops += [
+                    asyncio.create_task(self.listener.run(), name="notify-listener"),
+                    asyncio.create_task(self.relay.loop(), name="event-relay"),
+                    asyncio.create_task(control_loop(rt, self.stopper.apply_requested_stops), name="requested-stops"),
+                ]
         rt.wake.set()
 
     async def shutdown(self) -> None:
@@ -149,6 +174,15 @@ class Engine:
         )
         await rt.drain_background()
         await rt.ownership.close()
+        try:
+            # Every worker was stopped and its task re-queued (released); claims not yet
+            # launched go back to any host: nothing is left for a sweep.
+            await rt.store.release_claims()
+            await rt.store.release_lease()
+        except Exception:
+            log.exception("lease_release_failed")
+        if self.listener is not None:
+            await self.listener.close()
 
     def worker_uids(self) -> set[int]:
         """The uids workers will run as (each gets its own worker socket)."""

@@ -26,8 +26,12 @@ MAX_UNITS = 128  # one transaction stays short even under a burst
 
 
 class GroupCommit:
-    def __init__(self, db: Database, max_units: int = MAX_UNITS) -> None:
+    def __init__(
+        self, db: Database, max_units: int = MAX_UNITS, before_commit: Callable[[Session], None] | None = None
+    ) -> None:
         self.db = db
+        # Runs last in every batch's transaction (the store sends its NOTIFYs there).
+        self.before_commit = before_commit
         self.max_units = max_units
         self._queue: list[tuple[Unit, asyncio.Future[Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -47,7 +51,9 @@ class GroupCommit:
             batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
             units = [unit for unit, _ in batch]
             try:
-                outcomes = await self.db.run(functools.partial(_run_units, units=units))
+                outcomes = await self.db.run(
+                    functools.partial(_run_units, units=units, before_commit=self.before_commit)
+                )
             except _Failed as failed:  # a lone unit's own error, rolled back
                 if not batch[0][1].done():
                     batch[0][1].set_exception(failed.error)
@@ -69,20 +75,25 @@ class GroupCommit:
                     future.set_exception(value)
 
 
-def _run_units(session: Session, *, units: list[Unit]) -> list[tuple[bool, Any]]:
+def _run_units(
+    session: Session, *, units: list[Unit], before_commit: Callable[[Session], None] | None = None
+) -> list[tuple[bool, Any]]:
     if len(units) == 1:  # nothing to isolate from: no savepoint
         try:
-            return [(True, units[0](session))]
+            outcomes = [(True, units[0](session))]
         except Exception as exc:
             # The caller sees the error; the transaction still rolls back (nothing else is in it).
             raise _Failed(exc) from exc
-    outcomes: list[tuple[bool, Any]] = []
-    for unit in units:
-        try:
-            with session.begin_nested():
-                outcomes.append((True, unit(session)))
-        except Exception as exc:
-            outcomes.append((False, exc))
+    else:
+        outcomes = []
+        for unit in units:
+            try:
+                with session.begin_nested():
+                    outcomes.append((True, unit(session)))
+            except Exception as exc:
+                outcomes.append((False, exc))
+    if before_commit is not None:
+        before_commit(session)
     return outcomes
 
 

@@ -23,6 +23,7 @@ from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutc
 from services.scheduler.runtime import LiveAttempt, Runtime, hash_token
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
+from services.scheduler.store import NotOwner
 from services.scheduler.worker_log import attempt_log_path
 
 log = structlog.get_logger("scheduler")
@@ -67,7 +68,9 @@ class Launcher:
 
     async def dispatch_loop(self) -> None:
         rt = self.rt
-        interval = rt.tasks_cfg.supervisor_interval_ms / 1000
+        # Several hosts: woken by NOTIFY (another replica's enqueue) and local exits, so the
+        # timer is only a slow safety poll.
+        interval = (rt.tasks_cfg.safety_poll_ms if rt.multi_host else rt.tasks_cfg.supervisor_interval_ms) / 1000
         while not rt.closing:
             try:
                 await asyncio.wait_for(rt.wake.wait(), timeout=interval)
@@ -87,15 +90,13 @@ class Launcher:
             room = rt.tasks_cfg.max_running - len(rt.live)
             if room <= 0:
                 break
-            queued = [
-                t
-                for t in await rt.store.tasks_in_states([State.QUEUED], limit=room + len(rt.live))
-                if t.task_id not in rt.live
-            ][:room]
-            if not queued:
+            # Claimed for this host (FOR UPDATE SKIP LOCKED on PostgreSQL): another replica
+            # dispatching at the same moment takes other tasks.
+            claimed = await rt.store.claim_queued(room, skip=list(rt.live), any_owner=not rt.multi_host)
+            if not claimed:
                 break
             # Concurrently: one launch's database work overlaps another's fork/exec.
-            results = await asyncio.gather(*(self.launch(task.task_id) for task in queued))
+            results = await asyncio.gather(*(self.launch(task_id) for task_id in claimed))
             launched += sum(results)
         return launched
 
@@ -103,7 +104,7 @@ class Launcher:
         rt = self.rt
         async with rt.locks[task_id]:
             task, previous = await rt.store.task_with_attempts(task_id)
-            if task.state != State.QUEUED or task_id in rt.live or rt.closing:
+            if task.state != State.QUEUED or task_id in rt.live or rt.closing or not rt.mine(task):
                 return False
             now = rt.clock.now_ms()
             profile = rt.settings.workers.get(task.profile)
@@ -136,9 +137,15 @@ class Launcher:
                 harness_model=task.harness_model,
                 state="launching",
                 cgroup=rt.ownership.cgroup_for(attempt_id),
+                host_id=rt.host_id,
             )
-            # Committed before the fork: whatever happens next, recovery finds this row.
-            await rt.store.save_attempt(attempt)
+            # Committed before the fork: whatever happens next, recovery finds this row; and
+            # only while the task is still queued and this host's (another host's cancel or a
+            # lost-host sweep may have come first).
+            try:
+                await rt.store.save_launching_attempt(attempt)
+            except NotOwner:
+                return False
             live = LiveAttempt(attempt=attempt, profile=profile)
             # Registered before the process exists, so its first call always finds it.
             rt.live[task_id] = live
@@ -186,16 +193,25 @@ class Launcher:
                 started_at = attempt.started_at = rt.clock.now_ms()
                 attempt.state = "running"
 
-                def to_running(t: Task) -> Task:
+                def to_running(t: Task) -> Task | None:
+                    if t.state == State.CANCEL_REQUESTED:
+                        return None  # another host's cancel arrived during the launch
                     return domain.start_running(t, started_at, now, attempt.harness, attempt.harness_model)
 
                 task, stored = await rt.store.update_task(
                     task_id, to_running, "task.state_changed", now, attempt=attempt
                 )
+                if stored is None:
+                    await rt.store.save_attempt(attempt)
             except Exception as exc:
                 launched.abandon()
                 await self.launch_failed_after_spawn(live, exc)
                 return False
+            if task.state == State.CANCEL_REQUESTED:
+                live.stopping = True
+                rt.spawn(self.wait_exit(task_id, live), f"wait-{task_id}")
+                rt.spawn(self.stopper.stop_and_settle(live, domain.requested_stop(task), "stopped on request"))
+                return True
             rt.published(stored, task)
             log.info("worker_started", task_id=task_id, attempt=attempt.number, pid=launched.pid)
             rt.spawn(self.wait_exit(task_id, live), f"wait-{task_id}")

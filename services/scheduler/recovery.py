@@ -36,8 +36,8 @@ class Recovery:
         """
         rt = self.rt
         for attempt in await rt.store.launching_attempts():
-            if attempt.boot_id == rt.boot_id:
-                continue
+            if attempt.boot_id == rt.boot_id or attempt.host_id not in (None, rt.host_id) and rt.multi_host:
+                continue  # this incarnation's, or another host's (only that host can look)
             status = await self.stopper.stop_tree(attempt)
             attempt.state, attempt.outcome = "ended", "launch_interrupted"
             attempt.ended_at = attempt.ended_at or rt.clock.now_ms()
@@ -104,7 +104,9 @@ class Recovery:
         """Settle tasks an earlier incarnation left active: stop its worker, then resume."""
         rt = self.rt
         await self.recover_launches()
-        for task in await rt.store.tasks_in_states(ACTIVE):
+        await self.reconcile_host_lost()
+        # Several hosts: only this host's tasks (the others' workers are not on this machine).
+        for task in await rt.store.tasks_in_states(ACTIVE, owner=rt.own):
             attempts = await rt.store.attempts_of(task.task_id)
             attempt = attempts[-1] if attempts else None
             if attempt is not None and attempt.boot_id == rt.boot_id:
@@ -135,3 +137,35 @@ class Recovery:
             else:
                 await self.settler.unconfirmed(task.task_id, outcome, attempt, status.describe())
             log.info("recovered_task", task_id=task.task_id, confirmed=status.gone)
+
+    async def reconcile_host_lost(self) -> int:
+        """This host's tasks another replica marked HOST_LOST while it was away (or silent):
+        their worker is looked for here, identity-checked; once proven gone the task goes where
+        its recorded exit (or its kept outcome) leads — never re-run while it may be alive."""
+        rt = self.rt
+        if not rt.multi_host:
+            return 0
+        done = 0
+        for task in await rt.store.tasks_in_states([State.NEEDS_RECONCILIATION], owner=rt.host_id):
+            if task.failure is None or task.failure.code != domain.FailureCode.HOST_LOST or task.task_id in rt.live:
+                continue
+            async with rt.locks[task.task_id]:
+                task, attempts = await rt.store.task_with_attempts(task.task_id)
+                if task.state != State.NEEDS_RECONCILIATION or task.task_id in rt.live:
+                    continue
+            attempt = attempts[-1] if attempts else None
+            status = await self.stopper.stop_tree(attempt) if attempt is not None else None
+            outcome = domain.host_lost_outcome(task, attempt)
+            if attempt is not None:
+                attempt.state = "ended"
+                attempt.outcome = attempt.outcome or "interrupted"
+                attempt.ended_at = attempt.ended_at or rt.clock.now_ms()
+            async with rt.locks[task.task_id]:
+                if status is None or status.gone:
+                    await self.settler.settle(task.task_id, outcome, attempt)
+                else:
+                    assert attempt is not None
+                    await self.settler.unconfirmed(task.task_id, outcome, attempt, status.describe())
+            done += 1
+            log.info("reconciled_host_lost", task_id=task.task_id, confirmed=status is None or status.gone)
+        return done

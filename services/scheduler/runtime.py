@@ -107,6 +107,11 @@ class Runtime:
         self.by_token: dict[str, LiveAttempt] = {}
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.wake = asyncio.Event()  # the dispatcher looks for queued work when set
+        # Several hosts (PostgreSQL): this replica's id, and the wake-ups other replicas send.
+        self.host_id = store.host_id
+        self.multi_host = store.postgres
+        self.control_wake = asyncio.Event()  # a stop of one of this host's tasks was asked elsewhere
+        self.events_wake = asyncio.Event()  # another replica committed task events
         self.questions_wake = asyncio.Event()  # the question closer looks at its outbox when set
         self.background: set[asyncio.Task[Any]] = set()
         self.closing = False
@@ -120,6 +125,15 @@ class Runtime:
         self.ownership = Ownership(table_reader, self.leader_pids, reap_unknown_orphans)
         # Who each profile's workers run as; why a profile cannot be launched here.
         self.run_as, self.cannot_run = processes.resolve_profiles(settings.workers)
+
+    @property
+    def own(self) -> str | None:
+        """The owner filter for this host's tasks; None with one host (SQLite), where every task
+        is this scheduler's whatever host id an earlier run used."""
+        return self.host_id if self.multi_host else None
+
+    def mine(self, task: Task) -> bool:
+        return not self.multi_host or task.owner_host in (None, self.host_id)
 
     def leader_pids(self) -> set[int]:
         return {la.attempt.pid for la in self.live.values() if la.attempt.pid is not None}

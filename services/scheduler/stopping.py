@@ -137,6 +137,13 @@ class Stopper:
                 )
                 rt.published(stored, task)
                 return task
+            if not rt.mine(task) and (task.state in domain.ACTIVE or task.state == State.QUEUED):
+                # Another host's worker (or claim): only that host may signal it. The request is
+                # recorded in the task and that host is woken; it stops with the same proof.
+                task, stored = await rt.store.request_stop_elsewhere(task_id, cancellation, why == "pause", now)
+                rt.published(stored, task)
+                if stored is not None or not rt.mine(task):
+                    return task
             live = rt.live.get(task_id)
             if live is None:
                 # Not launched by this incarnation: stop what the last attempt recorded
@@ -172,6 +179,24 @@ class Stopper:
                 return await rt.store.get_task(task_id)
         return task
 
+    async def apply_requested_stops(self) -> int:
+        """Stop this host's workers whose stop another replica recorded (``cancel_requested``)."""
+        rt = self.rt
+        started = 0
+        for task in await rt.store.tasks_in_states([State.CANCEL_REQUESTED], owner=rt.own):
+            live = rt.live.get(task.task_id)
+            if live is None or live.process is None:
+                continue  # launching (its launch sees the request) or not this incarnation's
+            async with rt.locks[task.task_id]:
+                if live.stopping or live.exited.is_set():
+                    continue
+                live.stopping = True
+            why = domain.requested_stop(task)
+            log.info("applying_requested_stop", task_id=task.task_id, why=why)
+            rt.spawn(self.stop_and_settle(live, why, "paused" if why == "pause" else "cancelled on request"))
+            started += 1
+        return started
+
     async def retry_cleanup(self, task_id: str) -> Task:
         rt = self.rt
         domain.validate_task_id(task_id)
@@ -179,6 +204,13 @@ class Stopper:
             task = await rt.store.get_task(task_id)
             if task.state != State.NEEDS_RECONCILIATION:
                 return task
+            if not rt.mine(task):
+                # Its processes are on another host: only that host can look for proof.
+                raise domain.InvalidTransition(
+                    "TASK_ON_OTHER_HOST",
+                    f"task {task_id} is owned by scheduler host {task.owner_host}; retry its cleanup there",
+                    owner_host=task.owner_host or "",
+                )
             attempts = await rt.store.attempts_of(task_id)
         outcome = task.pending_outcome or PendingOutcome(state=State.CANCELLED)
         attempt = attempts[-1] if attempts else None

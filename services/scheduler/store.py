@@ -19,14 +19,19 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration
 from services.scheduler.domain import (
+    ACTIVE,
     TERMINAL,
     Attempt,
+    Cancellation,
     PendingQuestion,
     State,
     Task,
     TaskNotFound,
     check_transition,
     closes_questions,
+    mark_host_lost,
+    release_when_requeued,
+    stop_elsewhere,
 )
 from services.scheduler.group_commit import GroupCommit
 
@@ -74,7 +79,25 @@ MIGRATIONS = [
         # snapshot seek the session's active states instead of reading all its rows.
         ["CREATE INDEX ix_tasks_session_state ON tasks (agent_id, session_id, state, created_at)"],
     ),
+    Migration(
+        4,
+        "scheduler hosts: task owners, host leases, event origins",
+        [
+            # The host that claimed a task and owns its workers (NULL: queued, unclaimed).
+            "ALTER TABLE tasks ADD COLUMN owner_host VARCHAR(128)",
+            "CREATE INDEX ix_tasks_owner ON tasks (owner_host, state)",
+            # One lease per host, renewed on a tick: a task's lease is its owner's.
+            "CREATE TABLE scheduler_hosts ("
+            " host_id VARCHAR(128) PRIMARY KEY, boot_id VARCHAR(64) NOT NULL,"
+            " started_at BIGINT NOT NULL, lease_expires_at BIGINT NOT NULL)",
+            # Which host wrote an event: each replica republishes the others' to its watchers.
+            "ALTER TABLE task_events ADD COLUMN origin VARCHAR(128)",
+        ],
+    ),
 ]
+
+# The channel replicas LISTEN on; payloads: "queued", "control:<host>", "events:<host>".
+NOTIFY_CHANNEL = "taskgate_scheduler"
 
 # Every state a task can be in before it finishes: the default list and the watch
 # snapshot name them (an IN list seeks the index; NOT IN would scan the session).
@@ -91,6 +114,7 @@ class TaskRow(SQLModel, table=True):
     created_at: int = Field(sa_type=BigInteger)
     updated_at: int = Field(sa_type=BigInteger)
     doc: str
+    owner_host: str | None = None
 
 
 class AttemptRow(SQLModel, table=True):
@@ -110,6 +134,15 @@ class TaskEventRow(SQLModel, table=True):
     at: int = Field(sa_type=BigInteger)
     state: str
     doc: str
+    origin: str | None = None
+
+
+class SchedulerHostRow(SQLModel, table=True):
+    __tablename__ = "scheduler_hosts"
+    host_id: str = Field(primary_key=True)
+    boot_id: str
+    started_at: int = Field(sa_type=BigInteger)
+    lease_expires_at: int = Field(sa_type=BigInteger)
 
 
 class QuestionCloseRow(SQLModel, table=True):
@@ -125,6 +158,20 @@ class StoredEvent:
     type: str
     at: int
     task: Task
+    origin: str | None = None
+
+
+class NotOwner(Exception):
+    """The task is no longer this host's to launch (claimed elsewhere, cancelled, swept)."""
+
+
+class SecondReplica(Exception):
+    """Another scheduler replica is live on a database that allows only one (SQLite)."""
+
+
+def notify(session: Session, payload: str) -> None:
+    """Queue a NOTIFY sent in this transaction (see ``SchedulerStore.send_notifications``)."""
+    session.info.setdefault("notify", set()).add(payload)
 
 
 def _task_as_of_event(row: TaskEventRow, task: Task) -> Task:
@@ -150,8 +197,14 @@ _SELECT_TASK_FOR_UPDATE = _SELECT_TASK.with_for_update()
 _UPDATE_TASK = (
     sa.update(TASKS)
     .where(TASKS.c.task_id == sa.bindparam("k_task_id"))
-    .values(state=sa.bindparam("state"), updated_at=sa.bindparam("updated_at"), doc=sa.bindparam("doc"))
+    .values(
+        state=sa.bindparam("state"),
+        updated_at=sa.bindparam("updated_at"),
+        doc=sa.bindparam("doc"),
+        owner_host=sa.bindparam("owner_host"),
+    )
 )
+HOSTS = SchedulerHostRow.__table__  # type: ignore[attr-defined]
 _INSERT_TASK = sa.insert(TASKS)
 _INSERT_EVENT = sa.insert(EVENTS)
 ATTEMPTS = AttemptRow.__table__  # type: ignore[attr-defined]
@@ -180,13 +233,22 @@ def _write_task(session: Session, task: Task, new: bool = False) -> None:
                 "created_at": task.created_at,
                 "updated_at": task.updated_at,
                 "doc": doc,
+                "owner_host": task.owner_host,
             },
         )
     else:
         conn.execute(
             _UPDATE_TASK,
-            {"k_task_id": task.task_id, "state": task.state.value, "updated_at": task.updated_at, "doc": doc},
+            {
+                "k_task_id": task.task_id,
+                "state": task.state.value,
+                "updated_at": task.updated_at,
+                "doc": doc,
+                "owner_host": task.owner_host,
+            },
         )
+    if task.state == State.QUEUED and task.owner_host is None:
+        notify(session, "queued")  # any replica's dispatcher may take it
 
 
 def _event_doc(task: Task, event_type: str) -> dict[str, object]:
@@ -198,7 +260,7 @@ def _event_doc(task: Task, event_type: str) -> dict[str, object]:
     return doc
 
 
-def _append_event(session: Session, task: Task, event_type: str, at: int) -> StoredEvent:
+def _append_event(session: Session, task: Task, event_type: str, at: int, origin: str) -> StoredEvent:
     result = session.connection().execute(
         _INSERT_EVENT,
         {
@@ -207,11 +269,13 @@ def _append_event(session: Session, task: Task, event_type: str, at: int) -> Sto
             "at": at,
             "state": task.state.value,
             "doc": json.dumps(_event_doc(task, event_type)),
+            "origin": origin,
         },
     )
     key = result.inserted_primary_key
     assert key is not None
-    return StoredEvent(int(key[0]), event_type, at, task)
+    notify(session, f"events:{origin}")  # the other replicas' watchers follow the log
+    return StoredEvent(int(key[0]), event_type, at, task, origin)
 
 
 def _rows(session: Session, stmt: Any, params: dict[str, Any] | None = None) -> list[Any]:
@@ -219,11 +283,14 @@ def _rows(session: Session, stmt: Any, params: dict[str, Any] | None = None) -> 
 
 
 class SchedulerStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, host_id: str = "local") -> None:
         self.db = db
+        # The replica this store writes for: event origins, claims, leases.
+        self.host_id = host_id
+        self.postgres = db.engine.dialect.name == "postgresql"
         # Every unit of work goes through one group commit: concurrent tasks' changes
         # share a transaction (each in its own savepoint), committed before anyone hears.
-        self.group = GroupCommit(db)
+        self.group = GroupCommit(db, before_commit=self.send_notifications)
         self._run = self.group.run
         # Whether a task that is ending may hold a question in the pending-registry; the
         # runtime narrows it (a task of this incarnation that never asked needs no close).
@@ -247,7 +314,7 @@ class SchedulerStore:
                 if existing:
                     return _task_from_row(existing[0]), None
             _write_task(s, task, new=True)
-            return task, _append_event(s, task, "task.state_changed", task.created_at)
+            return task, _append_event(s, task, "task.state_changed", task.created_at, self.host_id)
 
         try:
             return await self._run(work)
@@ -317,10 +384,12 @@ class SchedulerStore:
         limit: int | None = None,
         session: tuple[str, str] | None = None,
         page_size: int = 500,
+        owner: str | None = None,
     ) -> list[Task]:
         """Tasks in ``states``, oldest first: ``limit`` of them, or every one (paged, no hidden cap).
 
-        ``session`` (agent id, session id) keeps to one session's tasks (``ix_tasks_session``).
+        ``session`` (agent id, session id) keeps to one session's tasks (``ix_tasks_session``);
+        ``owner`` to one host's (``ix_tasks_owner``).
         Pages are keyset pages on (created_at, task_id), so a large backlog is read in bounded
         queries and no row is skipped or repeated between them.
         """
@@ -331,17 +400,24 @@ class SchedulerStore:
             want = page_size if limit is None else min(page_size, limit - len(found))
             if want <= 0:
                 return found
-            page = await self._states_page(values, after, want, session)
+            page = await self._states_page(values, after, want, session, owner)
             found.extend(page)
             if len(page) < want:
                 return found
             after = (page[-1].created_at, page[-1].task_id)
 
     async def _states_page(
-        self, values: list[str], after: tuple[int, str] | None, limit: int, session: tuple[str, str] | None
+        self,
+        values: list[str],
+        after: tuple[int, str] | None,
+        limit: int,
+        session: tuple[str, str] | None,
+        owner: str | None = None,
     ) -> list[Task]:
         def work(s: Session) -> list[Task]:
             query = sa.select(TASKS.c.doc).where(TASKS.c.state.in_(values))
+            if owner is not None:
+                query = query.where(TASKS.c.owner_host == owner)
             if session is not None:
                 query = query.where(TASKS.c.agent_id == session[0], TASKS.c.session_id == session[1])
             if after is not None:
@@ -386,6 +462,7 @@ class SchedulerStore:
                 return before, None
             if after.state != before.state:
                 check_transition(before.state, after.state, legacy_adoption)
+            release_when_requeued(before, after)
             after.version = before.version + 1
             _write_task(s, after)
             if attempt is not None:
@@ -396,7 +473,7 @@ class SchedulerStore:
                 and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": task_id})
             ):
                 s.connection().execute(_INSERT_QUESTION_CLOSE, {"task_id": task_id, "attempts": 0, "next_at": at})
-            return after, (_append_event(s, after, event_type, at) if event_type else None)
+            return after, (_append_event(s, after, event_type, at, self.host_id) if event_type else None)
 
         return await self._run(work)
 
@@ -485,13 +562,262 @@ class SchedulerStore:
                 else {}
             )
             events = [
-                StoredEvent(r.id or 0, r.type, r.at, _task_as_of_event(r, _task_from_row(tasks[r.task_id])))
+                StoredEvent(r.id or 0, r.type, r.at, _task_as_of_event(r, _task_from_row(tasks[r.task_id])), r.origin)
                 for r in picked
             ]
             return [r.id or 0 for r in rows], events
 
         # Its own transaction, never in a group: it must see only what has committed
         # (a follower acts on what it reads).
+        return await self.db.run(work)
+
+    async def last_event_id(self) -> int:
+        def work(s: Session) -> int:
+            return int(_rows(s, sa.select(func.coalesce(func.max(EVENTS.c.id), 0)))[0][0])
+
+        return await self.db.run(work)
+
+    # --- several hosts --------------------------------------------------------
+
+    def send_notifications(self, session: Session) -> None:
+        """Send the transaction's queued NOTIFYs (PostgreSQL delivers them at commit, if it commits)."""
+        payloads = session.info.pop("notify", None)
+        if payloads and self.postgres:
+            conn = session.connection()
+            for payload in sorted(payloads):
+                conn.execute(_NOTIFY, {"payload": payload})
+
+    async def claim_queued(self, limit: int, skip: Iterable[str], any_owner: bool) -> list[str]:
+        """Claim up to ``limit`` queued tasks for this host, oldest first; their ids.
+
+        PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so replicas claiming at once take
+        different rows without waiting on each other. ``any_owner`` (one host, SQLite)
+        also takes tasks an earlier host id claimed.
+        """
+        skipped = list(skip)
+
+        def work(s: Session) -> list[str]:
+            query = sa.select(TASKS.c.doc).where(TASKS.c.state == State.QUEUED.value)
+            if not any_owner:
+                query = query.where(sa.or_(TASKS.c.owner_host.is_(None), TASKS.c.owner_host == self.host_id))
+            if skipped:
+                query = query.where(TASKS.c.task_id.not_in(skipped))
+            query = query.order_by(TASKS.c.created_at, TASKS.c.task_id).limit(limit)
+            claimed = []
+            for row in _rows(s, query.with_for_update(skip_locked=True)):
+                task = _task_from_row(row)
+                if task.owner_host != self.host_id:
+                    task.owner_host = self.host_id
+                    task.version += 1
+                    _write_task(s, task)
+                claimed.append(task.task_id)
+            return claimed
+
+        return await self._run(work)
+
+    async def save_launching_attempt(self, attempt: Attempt) -> None:
+        """Commit a ``launching`` attempt only while the task is still queued and this host's
+        (the row lock orders it against another host's cancel or a lost-host sweep)."""
+
+        def work(s: Session) -> None:
+            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": attempt.task_id})
+            if not rows:
+                raise TaskNotFound("TASK_NOT_FOUND", f"no task {attempt.task_id}")
+            task = _task_from_row(rows[0])
+            if task.state != State.QUEUED or task.owner_host != self.host_id:
+                raise NotOwner(attempt.task_id)
+            _write_attempt(s, attempt)
+
+        await self._run(work)
+
+    async def register_host(self, boot_id: str, now: int, lease_ms: int, only_one: bool) -> None:
+        """Record this host's lease; ``only_one`` (SQLite) refuses while another host's is live."""
+
+        def work(s: Session) -> None:
+            if only_one:
+                others = _rows(
+                    s,
+                    sa.select(HOSTS.c.host_id).where(HOSTS.c.host_id != self.host_id, HOSTS.c.lease_expires_at > now),
+                )
+                if others:
+                    raise SecondReplica(
+                        f"scheduler host {others[0].host_id} holds a live lease on this SQLite database;"
+                        " several scheduler replicas need PostgreSQL"
+                    )
+            s.connection().execute(
+                _UPSERT_HOST,
+                {"host_id": self.host_id, "boot_id": boot_id, "started_at": now, "until": now + lease_ms},
+            )
+
+        await self.db.run(work)
+
+    async def renew_lease(self, until: int) -> int | None:
+        """Extend this host's lease to ``until``; the expiry it replaced (None: the row was gone)."""
+
+        def work(s: Session) -> int | None:
+            rows = _rows(
+                s, sa.select(HOSTS.c.lease_expires_at).where(HOSTS.c.host_id == self.host_id).with_for_update()
+            )
+            s.connection().execute(
+                sa.update(HOSTS).where(HOSTS.c.host_id == self.host_id).values(lease_expires_at=until)
+            )
+            return int(rows[0][0]) if rows else None
+
+        return await self.db.run(work)
+
+    async def release_lease(self) -> None:
+        """A clean shutdown: this host's tasks were stopped and re-queued, nothing to sweep."""
+        await self.db.run(lambda s: s.connection().execute(sa.delete(HOSTS).where(HOSTS.c.host_id == self.host_id)))
+
+    async def release_claims(self) -> int:
+        """This host's queued tasks go back to any host (a clean shutdown)."""
+
+        def work(s: Session) -> int:
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.doc)
+                .where(TASKS.c.owner_host == self.host_id, TASKS.c.state == State.QUEUED.value)
+                .with_for_update(),
+            )
+            for row in rows:
+                task = _task_from_row(row)
+                task.owner_host = None
+                task.version += 1
+                _write_task(s, task)
+            return len(rows)
+
+        return await self._run(work)
+
+    async def lost_hosts(self, before: int) -> list[str]:
+        """Other hosts whose lease ended before ``before``."""
+
+        def work(s: Session) -> list[str]:
+            rows = _rows(
+                s,
+                sa.select(HOSTS.c.host_id).where(HOSTS.c.host_id != self.host_id, HOSTS.c.lease_expires_at < before),
+            )
+            return [r.host_id for r in rows]
+
+        return await self.db.run(work)
+
+    async def tasks_held_by(self, host_id: str, limit: int = 500) -> list[str]:
+        """Ids of tasks ``host_id`` claimed that may have a worker there (queued or active)."""
+        states = [State.QUEUED.value, *(s.value for s in ACTIVE)]
+
+        def work(s: Session) -> list[str]:
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.task_id).where(TASKS.c.owner_host == host_id, TASKS.c.state.in_(states)).limit(limit),
+            )
+            return [r.task_id for r in rows]
+
+        return await self.db.run(work)
+
+    async def forget_host(self, host_id: str, expired_before: int) -> None:
+        """Drop a lost host's row once none of its tasks is left to sweep (it re-registers if it returns)."""
+
+        def work(s: Session) -> None:
+            s.connection().execute(
+                sa.delete(HOSTS).where(HOSTS.c.host_id == host_id, HOSTS.c.lease_expires_at < expired_before)
+            )
+
+        await self.db.run(work)
+
+    async def sweep_lost(
+        self, task_id: str, host_id: str, now: int, expired_before: int
+    ) -> tuple[Task, StoredEvent | None]:
+        """One task of a lost host, in one transaction: a queued one it never began launching is
+        released to any host; anything else waits in needs_reconciliation (HOST_LOST)."""
+
+        def work(s: Session) -> tuple[Task, StoredEvent | None]:
+            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+            if not rows:
+                raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
+            task = _task_from_row(rows[0])
+            if task.owner_host != host_id:
+                return task, None
+            # Still lost? FOR SHARE waits for (and then sees) a renewal racing this sweep, and
+            # holds the next one back until this commits: that host then learns its lease lapsed.
+            lease = _rows(
+                s, sa.select(HOSTS.c.lease_expires_at).where(HOSTS.c.host_id == host_id).with_for_update(read=True)
+            )
+            if lease and int(lease[0][0]) >= expired_before:
+                return task, None
+            if task.state == State.QUEUED:
+                attempts = [
+                    Attempt.model_validate_json(r.doc) for r in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
+                ]
+                if not any(a.state == "launching" and a.host_id == host_id for a in attempts):
+                    task.owner_host = None
+                    task.version += 1
+                    _write_task(s, task)
+                    return task, None
+            before_state = task.state
+            if not mark_host_lost(task, host_id, now):
+                return task, None
+            check_transition(before_state, task.state)
+            task.version += 1
+            _write_task(s, task)
+            return task, _append_event(s, task, "task.state_changed", now, self.host_id)
+
+        return await self._run(work)
+
+    async def request_stop_elsewhere(
+        self, task_id: str, cancellation: Cancellation, pause: bool, now: int
+    ) -> tuple[Task, StoredEvent | None]:
+        """A cancel or pause of a task another host owns, in one transaction.
+
+        Nothing can run yet (queued, and its owner never began a launch): done at once.
+        Otherwise the request is the task's ``cancel_requested`` state (with the cause),
+        and its owner is woken (NOTIFY) to stop the worker with the usual proof. Returns
+        the task unchanged (no event) when there is nothing to do here or it is now this
+        host's own.
+        """
+
+        def work(s: Session) -> tuple[Task, StoredEvent | None]:
+            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+            if not rows:
+                raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
+            task = _task_from_row(rows[0])
+            before = task.state
+            owner = task.owner_host
+            if owner in (None, self.host_id):
+                return task, None
+            # Its owner's launch commits a `launching` row under this same row lock: absent
+            # here, it has not begun and will find the task no longer queued.
+            launch_begun = any(
+                Attempt.model_validate_json(r.doc).state == "launching"
+                for r in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
+            )
+            if not stop_elsewhere(task, cancellation, pause, launch_begun, now):
+                return task, None
+            if task.state == State.CANCEL_REQUESTED:
+                notify(s, f"control:{owner}")
+            if task.state != before:
+                check_transition(before, task.state)
+            task.version += 1
+            _write_task(s, task)
+            return task, _append_event(s, task, "task.state_changed", now, self.host_id)
+
+        return await self._run(work)
+
+    async def adopt_unowned(self) -> int:
+        """Tasks that may have a worker but name no owner (written before hosts existed) become
+        this host's, so exactly one host's recovery looks after them."""
+        states = [s.value for s in (*ACTIVE, State.NEEDS_RECONCILIATION)]
+
+        def work(s: Session) -> int:
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.doc).where(TASKS.c.owner_host.is_(None), TASKS.c.state.in_(states)).with_for_update(),
+            )
+            for row in rows:
+                task = _task_from_row(row)
+                task.owner_host = self.host_id
+                task.version += 1
+                _write_task(s, task)
+            return len(rows)
+
         return await self.db.run(work)
 
     # --- attempts ----------------------------------------------------------
@@ -536,6 +862,13 @@ class SchedulerStore:
         return await self._run(work)
 
 
+_NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :payload)")
+_UPSERT_HOST = text(
+    "INSERT INTO scheduler_hosts (host_id, boot_id, started_at, lease_expires_at)"
+    " VALUES (:host_id, :boot_id, :started_at, :until)"
+    " ON CONFLICT (host_id) DO UPDATE SET boot_id = excluded.boot_id, started_at = excluded.started_at,"
+    " lease_expires_at = excluded.lease_expires_at"
+)
 _UPSERT_ATTEMPT = text(
     "INSERT INTO attempts (attempt_id, task_id, number, token_hash, doc)"
     " VALUES (:attempt_id, :task_id, :number, :token_hash, :doc)"

@@ -51,7 +51,7 @@ class Supervisor:
         (identity-checked) and settle them as interrupted. Returns how many were found."""
         rt = self.rt
         found = 0
-        for task in await rt.store.tasks_in_states([State.RUNNING, State.WAITING_INPUT]):
+        for task in await rt.store.tasks_in_states([State.RUNNING, State.WAITING_INPUT], owner=rt.own):
             if task.task_id in rt.live:
                 continue
             async with rt.locks[task.task_id]:

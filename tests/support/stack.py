@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import httpx
 
-from tests.support.procs import REPO, ServiceProcess, as_nobody_command, channel, free_port
+from tests.support.procs import REPO, ServiceProcess, as_nobody_command, channel, free_port, wait_grpc_serving
 
 BEHAVE = REPO / "tests" / "workers" / "behave.py"
 HOSTILE = REPO / "tests" / "workers" / "hostile.py"
@@ -69,6 +69,8 @@ class Stack:
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
     # Where the services' logs go (default: <data_dir>/logs); elsewhere when the data dir's disk fills.
     log_dir: Path | None = None
+    # Extra scheduler replicas on the same database (see ``add_scheduler_replicas``): name -> env.
+    replicas: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def addr(self, name: str) -> str:
         return self.env[dict((n, e) for n, _, e in SERVICES)[name]]
@@ -82,12 +84,52 @@ class Stack:
         """The worker API (a Unix socket) that workers running as this uid get."""
         return f"unix:{self.env['TASKGATE_WORKER_SOCKET_DIR']}/{os.getuid()}/worker.sock"
 
+    def add_scheduler_replicas(self, count: int, lease_ms: int | None = None, grace_ms: int | None = None) -> list[str]:
+        """``count`` more scheduler processes on the scheduler's (PostgreSQL) database, each with its
+        own data dir (so its own default host id), port and worker sockets; the gateway and the
+        notifier keep talking to the first one. They share the one telemetry agent of this machine.
+        Returns their names ("scheduler-1", ...); ``start`` starts them with the rest."""
+        assert "TASKGATE_SCHEDULER_DB_URL" in self.env, "replicas need the scheduler on PostgreSQL"
+        if lease_ms is not None:
+            self.env["TASKGATE_TASKS_LEASE_MS"] = str(lease_ms)
+        if grace_ms is not None:
+            self.env["TASKGATE_TASKS_HOST_LOST_GRACE_MS"] = str(grace_ms)
+        names = []
+        for i in range(len(self.replicas) + 1, len(self.replicas) + 1 + count):
+            name = f"scheduler-{i}"
+            self.replicas[name] = {
+                **self.env,
+                "TASKGATE_DATA_DIR": str(self.data_dir / f"replica-{i}"),
+                # One set of caller secrets for the whole system.
+                "TASKGATE_SECRETS_DIR": str((self.data_dir / "secrets").resolve()),
+                "TASKGATE_SCHEDULER_ADDR": f"127.0.0.1:{free_port()}",
+                "TASKGATE_WORKER_SOCKET_DIR": tempfile.mkdtemp(prefix="tg-workers-"),
+            }
+            names.append(name)
+        return names
+
+    def scheduler_names(self) -> list[str]:
+        return ["scheduler", *self.replicas]
+
+    def scheduler_channel(self, name: str, identity: str = "operator") -> grpc.Channel:
+        """A sync channel to one scheduler replica ("scheduler" is the first)."""
+        env = self.replicas.get(name, self.env)
+        return channel(env["TASKGATE_SCHEDULER_ADDR"], self.env, identity)
+
+    def replica_process(self, name: str) -> ServiceProcess:
+        """A (not yet started) process for replica ``name``, e.g. to restart it after a kill."""
+        env = self.replicas.get(name, self.env)
+        logs = self.log_dir or self.data_dir / "logs"
+        return ServiceProcess("services.scheduler", env, logs / f"{name}.log", env["TASKGATE_SCHEDULER_ADDR"])
+
     def start(self) -> Stack:
         logs = self.log_dir or self.data_dir / "logs"
         for name, module, env_name in SERVICES:
             self.procs[name] = ServiceProcess(module, self.env, logs / f"{name}.log", self.env[env_name]).start(
                 wait=False
             )
+        for name in self.replicas:
+            self.procs[name] = self.replica_process(name).start(wait=False)
         self.procs["gateway"] = ServiceProcess("gateway_http", self.env, logs / "gateway.log")
         self.procs["gateway"].start(wait=False)
         self.wait_healthy()
@@ -109,6 +151,10 @@ class Stack:
                 last = exc
             time.sleep(0.1)
         raise TimeoutError(f"stack not healthy: {last}")
+
+    def wait_replicas_serving(self) -> None:
+        for name in self.replicas:
+            wait_grpc_serving(self.replicas[name]["TASKGATE_SCHEDULER_ADDR"], proc=self.procs[name].proc)
 
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):

@@ -50,7 +50,15 @@ async def test_the_attempt_row_is_committed_launching_before_the_fork(tmp_path: 
         await real_launch(attempt)
         seen.append((attempt.state, attempt.pid, bool(attempt.token_hash)))
 
+    real_launching = h.engine.store.save_launching_attempt
+
+    async def spy_launching(attempt: Any) -> None:
+        await real_launching(attempt)
+        seen.append((attempt.state, attempt.pid, bool(attempt.token_hash)))
+
     h.engine.store.save_attempt = spy  # type: ignore[method-assign]
+    # The first save checks the task is still queued and this host's (see store.save_launching_attempt).
+    h.engine.store.save_launching_attempt = spy_launching  # type: ignore[method-assign]
     try:
         task = await h.create("sleeper")
         await h.engine.dispatch_once()

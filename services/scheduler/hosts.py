@@ -1,0 +1,246 @@
+"""Several scheduler hosts on one database: the host id, its lease, wake-ups and the lost-host sweep.
+
+Each replica names itself (``host_id``) and owns the tasks it claimed: only it
+signals, reaps or proves their workers. Its claim lasts as long as its lease, one
+row per host renewed on a tick (a task's lease is its owner's). A replica that
+stops renewing is not replaced by re-running its tasks: past the lease and a grace
+any other replica moves its tasks to ``needs_reconciliation`` (``HOST_LOST``), and
+the host itself reconciles them when it returns with the same id.
+
+On PostgreSQL the replicas wake each other with LISTEN/NOTIFY (the NOTIFY is sent
+in the transaction that made the change, so it arrives only if it committed); a
+slow safety poll covers a lost notification. The listening connection also holds
+an advisory lock on the host id: two live processes can never share one.
+On SQLite there is one replica: a second one with another host id is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from services.scheduler.runtime import Runtime
+from services.scheduler.store import NOTIFY_CHANNEL, SecondReplica
+
+log = structlog.get_logger("scheduler")
+
+RECONNECT_MAX_S = 5.0
+
+
+def default_host_id(hostname: str, data_dir: Path) -> str:
+    """The hostname plus a digest of the data dir: two replicas on one machine differ by data dir."""
+    digest = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{hostname or 'host'}-{digest}"[:128]
+
+
+def resolve_host_id(configured: str, data_dir: Path) -> str:
+    return configured or default_host_id(socket.gethostname(), data_dir)
+
+
+def libpq_url(url: str) -> str:
+    """The SQLAlchemy URL as libpq takes it (no ``+driver``)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme.split('+', 1)[0]}://{rest}"
+
+
+class HostIdInUse(Exception):
+    """Another live scheduler process holds this host id."""
+
+
+class Listener:
+    """LISTEN on the replicas' channel (PostgreSQL) and route each wake-up; holds the host id's lock."""
+
+    def __init__(self, rt: Runtime, url: str) -> None:
+        self.rt = rt
+        self.url = libpq_url(url)
+        self._conn: object | None = None
+
+    async def connect(self) -> None:
+        """Take the host id's advisory lock and start listening; HostIdInUse when it is held."""
+        import psycopg
+
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        cur = await conn.execute(
+            "SELECT pg_try_advisory_lock(hashtext(%s))", (f"taskgate.scheduler.host:{self.rt.host_id}",)
+        )
+        row = await cur.fetchone()
+        if not row or not row[0]:
+            await conn.close()
+            raise HostIdInUse(f"another live scheduler uses host id {self.rt.host_id!r}")
+        await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        self._conn = conn
+
+    async def run(self) -> None:
+        import psycopg
+
+        rt = self.rt
+        delay = 0.1
+        while not rt.closing:
+            try:
+                if self._conn is None:
+                    await self.connect()
+                    self.wake_all()  # notifications sent while disconnected are lost: look at everything
+                conn = self._conn
+                assert isinstance(conn, psycopg.AsyncConnection)
+                delay = 0.1
+                async for note in conn.notifies():
+                    self.route(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("notify_listener_lost", error=repr(exc))
+                await self.close()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+
+    def route(self, payload: str) -> None:
+        rt = self.rt
+        kind, _, host = payload.partition(":")
+        if kind == "queued":
+            rt.wake.set()
+        elif kind == "control" and host == rt.host_id:
+            rt.control_wake.set()
+        elif kind == "events" and host != rt.host_id:
+            rt.events_wake.set()
+
+    def wake_all(self) -> None:
+        for event in (self.rt.wake, self.rt.control_wake, self.rt.events_wake):
+            event.set()
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close()  # type: ignore[attr-defined]
+            except Exception:  # already broken
+                pass
+
+
+class HostLease:
+    """Renews this host's lease on a tick and, with several hosts, sweeps the lost ones."""
+
+    def __init__(self, rt: Runtime, reconcile: Callable[[], Awaitable[int]] | None = None) -> None:
+        self.rt = rt
+        # This host's own HOST_LOST tasks (swept while it was silent) are reconciled on each tick.
+        self.reconcile = reconcile
+
+    async def register(self) -> None:
+        rt = self.rt
+        try:
+            await rt.store.register_host(
+                rt.boot_id, rt.clock.now_ms(), rt.tasks_cfg.lease_ms, only_one=not rt.multi_host
+            )
+        except SecondReplica as exc:
+            log.error("second_replica_refused", host_id=rt.host_id, reason=str(exc))
+            raise
+        log.info("scheduler_host_registered", host_id=rt.host_id, multi_host=rt.multi_host)
+
+    async def loop(self) -> None:
+        rt = self.rt
+        period = rt.tasks_cfg.lease_ms / 3000
+        while not rt.closing:
+            try:
+                await self.renew_once()
+                if rt.multi_host:
+                    await self.sweep_once()
+                    if self.reconcile is not None:
+                        await self.reconcile()
+            except Exception:
+                log.exception("lease_tick_failed")
+            await asyncio.sleep(period)
+
+    async def renew_once(self) -> None:
+        rt = self.rt
+        now = rt.clock.now_ms()
+        previous = await rt.store.renew_lease(now + rt.tasks_cfg.lease_ms)
+        if previous is None or previous < now:
+            # Silent past its own lease: another replica may have swept this host's tasks.
+            log.warning("lease_lapsed", host_id=rt.host_id, expired_at=previous)
+            if previous is None:
+                await self.register()
+
+    async def sweep_once(self) -> int:
+        """Tasks of hosts silent past lease + grace: HOST_LOST (or released when never launched)."""
+        rt = self.rt
+        now = rt.clock.now_ms()
+        cutoff = now - rt.tasks_cfg.host_lost_grace_ms
+        swept = 0
+        for host in await rt.store.lost_hosts(cutoff):
+            task_ids = await rt.store.tasks_held_by(host)
+            if not task_ids:
+                await rt.store.forget_host(host, cutoff)
+                continue
+            for task_id in task_ids:
+                task, stored = await rt.store.sweep_lost(task_id, host, now, cutoff)
+                rt.published(stored, task)
+                if stored is not None:
+                    swept += 1
+                    log.warning("host_lost_task", task_id=task_id, host_id=host)
+            rt.wake.set()  # released tasks may run here
+        return swept
+
+
+class EventRelay:
+    """Other replicas' task events, read from the durable log and published to this one's
+    watchers (WatchTasks, SSE), so a change made anywhere is seen everywhere."""
+
+    def __init__(self, rt: Runtime, gap_wait_ms: int) -> None:
+        self.rt = rt
+        self.gap_wait_ms = gap_wait_ms
+
+    async def loop(self) -> None:
+        rt = self.rt
+        cursor = await rt.store.last_event_id()
+        gaps: dict[int, int] = {}  # ids skipped (a lower id may commit later) -> first seen missing
+        poll = rt.tasks_cfg.safety_poll_ms / 1000
+        while not rt.closing:
+            try:
+                await asyncio.wait_for(rt.events_wake.wait(), timeout=0.5 if gaps else poll)
+            except TimeoutError:
+                pass
+            rt.events_wake.clear()
+            try:
+                cursor, gaps = await self.relay_once(cursor, gaps)
+            except Exception:
+                log.exception("event_relay_failed")
+                await asyncio.sleep(poll)
+
+    async def relay_once(self, cursor: int, gaps: dict[int, int]) -> tuple[int, dict[int, int]]:
+        rt = self.rt
+        while True:
+            now = rt.clock.now_ms()
+            gaps = {i: at for i, at in gaps.items() if now - at < self.gap_wait_ms}
+            ids, events = await rt.store.events_after(cursor, (), 500, gaps)
+            fresh = [i for i in ids if i > cursor]
+            if fresh:
+                for missing in set(range(cursor + 1, fresh[-1] + 1)) - set(fresh):
+                    gaps.setdefault(missing, now)
+            for i in ids:
+                gaps.pop(i, None)
+            for stored in events:
+                if stored.origin not in (None, rt.host_id):
+                    rt.hub.publish(stored.type, stored.at, stored.task)
+            if fresh:
+                cursor = fresh[-1]
+            if len(ids) < 500:
+                return cursor, gaps
+
+
+async def control_loop(rt: Runtime, apply: Callable[[], Awaitable[int]]) -> None:
+    """Stops other replicas recorded for this host's tasks: on NOTIFY, and on a slow safety poll."""
+    poll = rt.tasks_cfg.safety_poll_ms / 1000
+    while not rt.closing:
+        try:
+            await asyncio.wait_for(rt.control_wake.wait(), timeout=poll)
+        except TimeoutError:
+            pass
+        rt.control_wake.clear()
+        try:
+            await apply()
+        except Exception:
+            log.exception("requested_stops_failed")

@@ -1,0 +1,270 @@
+"""Several scheduler replicas on one PostgreSQL, each a separate process (issue 11 item 3).
+
+Tasks created over gRPC on every replica are claimed (FOR UPDATE SKIP LOCKED) and
+run exactly once; a cancel sent to one replica for another's task is applied by
+the owner; a replica SIGKILLed mid-run leaves its tasks HOST_LOST after its lease
+(never re-run elsewhere) and reconciles them when it returns with the same host id.
+The replicas share this machine's one telemetry agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from libs import proctree
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.support.postgres import fresh_database
+from tests.support.stack import Stack, make_stack
+
+pytestmark = pytest.mark.postgres
+
+LEASE_MS = 1500
+GRACE_MS = 1000
+
+
+def replica_stack(tmp_path: Path, postgres_url: str, replicas: int, **tasks: int) -> Stack:
+    stack = make_stack(tmp_path / "replicas", **tasks)
+    for service in ("scheduler", "pending", "notifier", "gateway"):
+        stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(postgres_url, service)
+    stack.add_scheduler_replicas(replicas - 1, lease_ms=LEASE_MS, grace_ms=GRACE_MS)
+    try:
+        stack.start()
+        stack.wait_replicas_serving()
+    except Exception:
+        print(stack.logs())
+        stack.stop()
+        raise
+    return stack
+
+
+@pytest.fixture
+def stack_of(tmp_path: Path, postgres_url: str) -> Iterator[Any]:
+    started: list[Stack] = []
+
+    def start(replicas: int, **tasks: int) -> Stack:
+        started.append(replica_stack(tmp_path, postgres_url, replicas, **tasks))
+        return started[-1]
+
+    yield start
+    for stack in started:
+        stack.stop()
+
+
+def db(stack: Stack) -> psycopg.Connection[Any]:
+    return psycopg.connect(stack.env["TASKGATE_SCHEDULER_DB_URL"], autocommit=True)
+
+
+def create_spread(stack: Stack, count: int, profile: str) -> list[str]:
+    """``count`` tasks created round-robin over every replica's CreateTask."""
+    names = stack.scheduler_names()
+    channels = [stack.scheduler_channel(n, "gateway") for n in names]
+    stubs = [pb_grpc.SchedulerServiceStub(c) for c in channels]
+    try:
+        return [
+            stubs[i % len(stubs)]
+            .CreateTask(
+                pb.CreateTaskRequest(agent_id="agent-1", session_id="cli-replicas", title=f"t{i}", profile=profile),
+                timeout=10,
+            )
+            .task.task_id
+            for i in range(count)
+        ]
+    finally:
+        for c in channels:
+            c.close()
+
+
+def states(stack: Stack) -> Counter[str]:
+    with db(stack) as conn:
+        return Counter({row[0]: row[1] for row in conn.execute("SELECT state, count(*) FROM tasks GROUP BY state")})
+
+
+def wait_until(what: str, check: Any, stack: Stack, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            print(stack.logs())
+            raise AssertionError(f"timed out waiting for {what}: {states(stack)}")
+        time.sleep(0.2)
+
+
+def attempts_by_task(stack: Stack) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    with db(stack) as conn:
+        for task_id, doc in conn.execute("SELECT task_id, doc FROM attempts ORDER BY task_id, number"):
+            found.setdefault(task_id, []).append(json.loads(doc))
+    return found
+
+
+def worker_starts(stack: Stack) -> Counter[str]:
+    """task id -> ``worker_started`` lines over every replica's log (restarted ones append)."""
+    logs = stack.log_dir or stack.data_dir / "logs"
+    seen: Counter[str] = Counter()
+    for name in stack.scheduler_names():
+        path = logs / f"{name}.log"
+        for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == "worker_started":
+                seen[record["task_id"]] += 1
+    return seen
+
+
+def assert_ran_once(stack: Stack, task_ids: list[str], replicas: int) -> None:
+    attempts = attempts_by_task(stack)
+    assert all(len(attempts.get(t, [])) == 1 for t in task_ids), "a task with other than one attempt"
+    starts = worker_starts(stack)
+    assert all(starts[t] == 1 for t in task_ids), [t for t in task_ids if starts[t] != 1][:5]
+    hosts = Counter(a[0]["host_id"] for a in attempts.values())
+    assert len(hosts) == replicas, f"every replica ran some: {hosts}"
+    print(f"tasks per host: {dict(hosts)}")
+
+
+@pytest.mark.parametrize("replicas,count", [(2, 120), (3, 90)])
+def test_replicas_run_each_task_exactly_once(stack_of: Any, replicas: int, count: int) -> None:
+    stack = stack_of(replicas, max_running=8)
+    task_ids = create_spread(stack, count, "true")
+    wait_until("all completed", lambda: states(stack).get("completed", 0) == count, stack, 120)
+    assert_ran_once(stack, task_ids, replicas)
+
+
+def test_a_cancel_sent_to_one_replica_is_applied_by_the_owner(stack_of: Any) -> None:
+    stack = stack_of(2, max_running=2)
+    task_ids = create_spread(stack, 4, "sleeper")
+    wait_until("four running", lambda: states(stack).get("running", 0) == 4, stack, 60)
+    with db(stack) as conn:
+        owners = dict(conn.execute("SELECT task_id, owner_host FROM tasks").fetchall())
+    assert len(set(owners.values())) == 2, owners
+    # Through the first replica (the gateway's) to a task the other one runs.
+    other = next(t for t in task_ids if owners[t] != _host_of(stack, "scheduler"))
+    attempt = attempts_by_task(stack)[other][0]
+    with stack.scheduler_channel("scheduler", "gateway") as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)
+        reply = stub.CancelTask(pb.CancelTaskRequest(task_id=other), timeout=30).task
+        assert reply.state in (pb.TASK_STATE_CANCEL_REQUESTED, pb.TASK_STATE_CANCELLED)
+        deadline = time.monotonic() + 20
+        while (task := stub.GetTask(pb.GetTaskRequest(task_id=other), timeout=10).task).state != (
+            pb.TASK_STATE_CANCELLED
+        ):
+            assert time.monotonic() < deadline, task
+            time.sleep(0.1)
+    assert task.cancellation.cleanup == "confirmed"
+    assert not proctree.identity_matches(attempt["pid"], attempt["pid_start_time"]), "the worker was stopped"
+    assert "applying_requested_stop" in stack.procs["scheduler-1"].logs()
+    assert states(stack)["running"] == 3, "the others run on"
+
+    # A pause the same way: the owner stops it with proof and it is `paused`; a resume on
+    # this replica re-queues it for any host (nothing runs while paused).
+    paused = next(t for t in task_ids if owners[t] != _host_of(stack, "scheduler") and t != other)
+    with stack.scheduler_channel("scheduler", "operator") as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)
+        task = stub.PauseTask(pb.PauseTaskRequest(task_id=paused, wait_ms=20_000), timeout=30).task
+        deadline = time.monotonic() + 20
+        while task.state != pb.TASK_STATE_PAUSED:
+            assert time.monotonic() < deadline, task
+            time.sleep(0.1)
+            task = stub.GetTask(pb.GetTaskRequest(task_id=paused), timeout=10).task
+        resumed = stub.ResumeTask(pb.ResumeTaskRequest(task_id=paused), timeout=10).task
+        assert resumed.state == pb.TASK_STATE_QUEUED
+    wait_until("resumed and running", lambda: states(stack).get("running", 0) == 3, stack, 60)
+    assert len(attempts_by_task(stack)[paused]) == 2
+
+
+def _host_of(stack: Stack, name: str) -> str:
+    """The host id a replica registered (its data dir's default)."""
+    from services.scheduler.hosts import default_host_id
+
+    env = stack.replicas.get(name, stack.env)
+    return default_host_id(os.uname().nodename, Path(env["TASKGATE_DATA_DIR"]))
+
+
+def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: Any) -> None:
+    stack = stack_of(2, max_running=3)
+    victim = "scheduler-1"
+    victim_host = _host_of(stack, victim)
+    task_ids = create_spread(stack, 6, "sleeper")
+    wait_until("six running", lambda: states(stack).get("running", 0) == 6, stack, 60)
+    with db(stack) as conn:
+        lost = [r[0] for r in conn.execute("SELECT task_id FROM tasks WHERE owner_host = %s", (victim_host,))]
+    assert lost, "the victim runs some tasks"
+    before = attempts_by_task(stack)
+    stack.procs[victim].kill()  # SIGKILL: its sleepers live on, no lease renewals any more
+    for t in lost:
+        a = before[t][0]
+        assert proctree.identity_matches(a["pid"], a["pid_start_time"]), "the worker outlives its scheduler"
+
+    def all_lost() -> bool:
+        with db(stack) as conn:
+            rows = conn.execute("SELECT state, doc FROM tasks WHERE task_id = ANY(%s)", (lost,)).fetchall()
+        return all(r[0] == "needs_reconciliation" and json.loads(r[1])["failure"]["code"] == "HOST_LOST" for r in rows)
+
+    wait_until("HOST_LOST", all_lost, stack, 60)
+    time.sleep((LEASE_MS + GRACE_MS) / 1000)  # a while longer: nothing re-runs them
+    after = attempts_by_task(stack)
+    assert all(len(after[t]) == 1 for t in lost), "never re-run while its worker may live"
+    assert states(stack)["running"] == 6 - len(lost)
+
+    # The same host id returns: its recovery stops the old workers (identity-checked),
+    # then resumes the tasks — one live worker per task at any time.
+    stack.procs[victim] = stack.replica_process(victim).start()
+    wait_until(
+        "resumed",
+        lambda: all(len(attempts_by_task(stack).get(t, [])) == 2 for t in lost) and states(stack)["running"] == 6,
+        stack,
+        60,
+    )
+    for t in lost:
+        first, second = attempts_by_task(stack)[t]
+        assert not proctree.identity_matches(first["pid"], first["pid_start_time"])
+        assert first["ended_at"] <= second["started_at"]
+        assert second["host_id"] == victim_host
+    assert "reconciled_host_lost" in stack.procs[victim].logs()
+    assert len(task_ids) == 6
+
+
+def test_a_watch_on_one_replica_sees_changes_made_by_another(stack_of: Any) -> None:
+    stack = stack_of(2, max_running=2)
+    anchor = create_spread(stack, 1, "sleeper")[0]  # on the first replica
+    with stack.scheduler_channel("scheduler", "gateway") as channel:
+        stream = pb_grpc.SchedulerServiceStub(channel).WatchTasks(
+            pb.WatchTasksRequest(agent_id="agent-1", session_id="cli-replicas"), timeout=30
+        )
+        first = next(stream)  # the stream is live once its snapshot arrived
+        assert first.type == pb.TASK_EVENT_TYPE_SNAPSHOT and first.task.task_id == anchor
+        # Created on the other replica: its event reaches this one's watchers from the log.
+        with stack.scheduler_channel("scheduler-1", "gateway") as other:
+            created = (
+                pb_grpc.SchedulerServiceStub(other)
+                .CreateTask(
+                    pb.CreateTaskRequest(agent_id="agent-1", session_id="cli-replicas", title="w", profile="sleeper"),
+                    timeout=10,
+                )
+                .task
+            )
+            seen = []
+            for event in stream:
+                if event.task.task_id != created.task_id:
+                    continue
+                assert event.type != pb.TASK_EVENT_TYPE_SNAPSHOT
+                seen.append(event.task.state)
+                if event.task.state == pb.TASK_STATE_RUNNING:
+                    # Cancelled through the other replica, whoever runs it: this stream still shows it.
+                    pb_grpc.SchedulerServiceStub(other).CancelTask(
+                        pb.CancelTaskRequest(task_id=created.task_id), timeout=30
+                    )
+                if event.task.state == pb.TASK_STATE_CANCELLED:
+                    break
+        stream.cancel()
+    assert seen[0] == pb.TASK_STATE_QUEUED and seen[-1] == pb.TASK_STATE_CANCELLED, seen
