@@ -7,6 +7,7 @@ Every state change is one transaction that also appends a task event.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -125,6 +126,8 @@ class StoredEvent:
     type: str
     at: int
     task: Task
+    # The state before the change (None: a new task, or an event read back from the log).
+    previous: State | None = None
 
 
 def _task_as_of_event(row: TaskEventRow, task: Task) -> Task:
@@ -395,7 +398,8 @@ class SchedulerStore:
                 and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": task_id})
             ):
                 s.connection().execute(_INSERT_QUESTION_CLOSE, {"task_id": task_id, "attempts": 0, "next_at": at})
-            return after, (_append_event(s, after, event_type, at) if event_type else None)
+            stored = _append_event(s, after, event_type, at) if event_type else None
+            return after, (dataclasses.replace(stored, previous=before.state) if stored else None)
 
         return await self._run(work)
 
@@ -503,6 +507,15 @@ class SchedulerStore:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
             attempts = _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
             return _task_from_row(rows[0]), [Attempt.model_validate_json(a.doc) for a in attempts]
+
+        return await self._run(work)
+
+    async def count_by_state(self) -> dict[str, int]:
+        """How many tasks are in each state (the metrics' gauge, computed on scrape)."""
+
+        def work(s: Session) -> dict[str, int]:
+            rows = _rows(s, sa.select(TASKS.c.state, sa.func.count()).group_by(TASKS.c.state))
+            return {str(r[0]): int(r[1]) for r in rows}
 
         return await self._run(work)
 
