@@ -33,6 +33,7 @@ log = structlog.get_logger("task_stream")
 
 Session = tuple[str, str]
 READY_TIMEOUT_S = 10.0
+FANOUT_SLICE = 50
 FINISHED = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
 EVENT_NAMES = {
     pb.TASK_EVENT_TYPE_SNAPSHOT: "task.snapshot",
@@ -83,11 +84,17 @@ class TaskStreams:
                 data = json.dumps({"task": slim_task_json(task)})
                 if task.state in FINISHED:
                     feed.active.pop(task.task_id, None)
+                elif feed.active.get(task.task_id) == data:
+                    continue  # nothing a slim event shows has changed (e.g. a telemetry observation)
                 else:
                     feed.active[task.task_id] = data
                 chunk = frame(data, EVENT_NAMES.get(event.type, "task.event"), str(event.sequence))
-                for client in list(feed.clients):
+                for i, client in enumerate(list(feed.clients)):
                     self._offer(feed, client, chunk)
+                    if i % FANOUT_SLICE == FANOUT_SLICE - 1:
+                        # Let the control path (a REST cancel, a create) run between slices: the
+                        # writers woken so far are all that is queued ahead of it, not every client.
+                        await asyncio.sleep(0)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 ending = error_frame(exc.code().name, exc.details() or "")
@@ -185,6 +192,15 @@ class Subscription:
         self.closed = False
         if client is not None:
             SSE_SUBSCRIBERS.labels("tasks").inc()
+
+    @property
+    def queue(self) -> asyncio.Queue[bytes | None]:
+        """The client's bounded queue, read by its SSE writer directly (no pump in between)."""
+        if self.client is None:
+            self.client = Client(asyncio.Queue())
+            self.client.queue.put_nowait(error_frame("UNAVAILABLE", "the task stream is not available; try again"))
+            self.client.queue.put_nowait(None)
+        return self.client.queue
 
     def __aiter__(self) -> Subscription:
         return self
