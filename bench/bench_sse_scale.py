@@ -1,8 +1,8 @@
 """1,000 task-stream SSE subscribers on one gateway, against the real five-process system.
 
 1. REST cancel of a running worker (``POST .../tasks/{id}/cancel``), p50/p99, idle.
-2. 1,000 subscribers of one session's ``GET .../tasks/events`` (raw sockets, one client
-   process): every task state change → frame received by each subscriber, p50/p99/max,
+2. 1,000 subscribers of one session's ``GET .../tasks/events`` (raw sockets, in one child
+   process at nice 10: they stand for remote clients): every task state change → frame received by each subscriber, p50/p99/max,
    measured from the change's ``updatedAt`` (the scheduler's wall clock, same machine) to
    the moment the subscriber read the frame; frames missing.
 3. The same REST cancels while the 1,000 streams are open (their events are the ones of 2).
@@ -19,11 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
 import time
 from datetime import datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
@@ -119,7 +122,7 @@ async def cancels(http: httpx.AsyncClient, base: str, n: int) -> list[float]:
     return timings
 
 
-def event_latencies(subs: list[Subscriber], task_ids: set[str]) -> tuple[list[float], int, int]:
+def event_latencies(subs: list[list[tuple[float, bytes]]], task_ids: set[str]) -> tuple[list[float], int, int]:
     """(latencies ms, frames received, state changes missed by some subscriber)."""
     latencies: list[float] = []
     received = 0
@@ -127,7 +130,7 @@ def event_latencies(subs: list[Subscriber], task_ids: set[str]) -> tuple[list[fl
     seen_per_sub: list[set[tuple[str, str]]] = []
     for sub in subs:
         seen: set[tuple[str, str]] = set()
-        for at, line in sub.lines():
+        for at, line in sub:
             task = json.loads(line[len(b"data: ") :]).get("task")
             if not task or task["taskId"] not in task_ids:
                 continue
@@ -143,6 +146,30 @@ def event_latencies(subs: list[Subscriber], task_ids: set[str]) -> tuple[list[fl
     return latencies, received, missing
 
 
+def subscriber_process(url: str, path: str, key: str, n: int, conn: Connection) -> None:
+    """The subscribers in their own process at a lower priority: they stand for clients on other
+    machines, so their reading should take as little as it can from the services' two cores."""
+    os.nice(10)
+
+    async def main() -> None:
+        host, port = url.removeprefix("http://").split(":")
+        subs = [Subscriber() for _ in range(n)]
+        readers = []
+        for i, sub in enumerate(subs):
+            readers.append(asyncio.create_task(sub.run(host, int(port), path, key)))
+            if i % 50 == 49:
+                await asyncio.sleep(0.05)  # don't overrun the listen backlog
+        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in subs)), 180)
+        conn.send("ready")
+        await asyncio.to_thread(conn.recv)  # "stop"
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        conn.send([sub.lines() for sub in subs])
+
+    asyncio.run(main())
+
+
 async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
     base = f"{stack.http_url}/api/v1/agents/{AGENT}/sessions/{SESSION}"
     headers = {"Authorization": f"Bearer {key}"}
@@ -152,33 +179,34 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
         idle = await cancels(http, base, n_cancels)
         rss_idle = rss_mib(gateway_pid)
 
-        host, port = stack.http_url.removeprefix("http://").split(":")
         path = f"/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks/events"
-        subs = [Subscriber() for _ in range(subscribers)]
-        readers = []
+        here, there = multiprocessing.Pipe()
+        child = multiprocessing.Process(
+            target=subscriber_process, args=(stack.http_url, path, key, subscribers, there), daemon=True
+        )
         opened = time.perf_counter()
-        for i, sub in enumerate(subs):
-            readers.append(asyncio.create_task(sub.run(host, int(port), path, key)))
-            if i % 50 == 49:
-                await asyncio.sleep(0.05)  # don't overrun the listen backlog
-        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in subs)), 180)
+        child.start()
+        if not await asyncio.to_thread(here.poll, 240):
+            raise TimeoutError("the subscribers did not connect")
+        assert here.recv() == "ready"
         open_s = time.perf_counter() - opened
         watchers = metric(stack, "scheduler", "taskgate_task_watchers")
         upstream = metric(stack, "gateway", "taskgate_gateway_task_watches")
         streams = metric(stack, "gateway", "taskgate_sse_subscribers")
         rss_open = rss_mib(gateway_pid)
 
-        for sub in subs:
-            sub.reads.clear()
+        listed = (await http.get(f"{base}/tasks?all=true&page_size=100")).json()["tasks"]
+        earlier = {t["taskId"] for t in listed}
         loaded = await cancels(http, base, n_cancels)
         await asyncio.sleep(2.0)  # the last frames arrive
-        before = {t["taskId"] for t in (await http.get(f"{base}/tasks?all=true&page_size=100")).json()["tasks"]}
+        listed = (await http.get(f"{base}/tasks?all=true&page_size=100")).json()["tasks"]
+        measured = {t["taskId"] for t in listed} - earlier
         rss_after = rss_mib(gateway_pid)
-        for reader in readers:
-            reader.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
+        here.send("stop")
+        lines = await asyncio.to_thread(here.recv)
+        child.join(30)
 
-    latencies, received, missing = event_latencies(subs, before)
+    latencies, received, missing = event_latencies(lines, measured)
     p50_idle, p50_loaded = statistics.median(idle), statistics.median(loaded)
     print(f"REST cancel, idle ({n_cancels}): p50 {p50_idle:.1f} ms  p99 {pct(idle, 0.99):.1f} ms")
     print(
