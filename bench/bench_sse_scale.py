@@ -2,9 +2,9 @@
 
 1. REST cancel of a running worker (``POST .../tasks/{id}/cancel``), p50/p99, idle.
 2. 1,000 subscribers of one session's ``GET .../tasks/events`` (raw sockets, in one child
-   process at nice 10: they stand for remote clients): every task state change → frame received by each subscriber, p50/p99/max,
-   measured from the change's ``updatedAt`` (the scheduler's wall clock, same machine) to
-   the moment the subscriber read the frame; frames missing.
+   process at nice 10: they stand for remote clients): every task state change → frame
+   received by each subscriber, p50/p99/max, measured from the change's ``updatedAt`` (the
+   scheduler's wall clock, same machine) to the moment the subscriber read the frame; frames missing.
 3. The same REST cancels while the 1,000 streams are open (their events are the ones of 2).
 
 Also prints the scheduler's live WatchTasks subscriptions and the gateway's upstream
