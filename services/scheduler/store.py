@@ -299,33 +299,22 @@ class SchedulerStore:
         def work(s: Session) -> tuple[int, list[Task]]:
             where: list[ColumnElement[bool]] = [TASKS.c.agent_id == agent_id, TASKS.c.session_id == session_id]
             if not include_finished:
-                return unfinished(s, where + [TASKS.c.state.in_(UNFINISHED)])
+                where.append(TASKS.c.state.in_(UNFINISHED))
             total = int(_rows(s, sa.select(func.count()).select_from(TASKS).where(*where))[0][0])
             page_index = clamp(total)
+            # Without finished tasks, ordering by `created_at + 0` keeps SQLite from walking
+            # ix_tasks_session (the session's whole history, newest first) to avoid a sort: it
+            # seeks the few unfinished rows through ix_tasks_session_state and sorts those.
+            newest = (TASKS.c.created_at + 0) if not include_finished else TASKS.c.created_at
             rows = _rows(
                 s,
                 sa.select(TASKS.c.doc)
                 .where(*where)
-                .order_by(TASKS.c.created_at.desc(), TASKS.c.task_id.desc())
+                .order_by(newest.desc(), TASKS.c.task_id.desc())
                 .offset(page_index * page_size)
                 .limit(page_size),
             )
             return total, [_task_from_row(r) for r in rows]
-
-        def unfinished(s: Session, where: list[ColumnElement[bool]]) -> tuple[int, list[Task]]:
-            # A session's unfinished tasks are few however long its history: their keys come
-            # from ix_tasks_session_state and are ordered here. Ordering in SQL made SQLite
-            # walk ix_tasks_session (the whole history, newest first) to skip the sort.
-            found = _rows(s, sa.select(TASKS.c.created_at, TASKS.c.task_id).where(*where))
-            keys = [(r.created_at, r.task_id) for r in found]
-            keys.sort(reverse=True)
-            page_index = clamp(len(keys))
-            wanted = [task_id for _, task_id in keys[page_index * page_size : (page_index + 1) * page_size]]
-            if not wanted:
-                return len(keys), []
-            rows = _rows(s, sa.select(TASKS.c.task_id, TASKS.c.doc).where(TASKS.c.task_id.in_(wanted)))
-            docs = {r.task_id: r.doc for r in rows}
-            return len(keys), [Task.model_validate_json(docs[task_id]) for task_id in wanted if task_id in docs]
 
         return await self._run(work)
 
