@@ -163,6 +163,6 @@ def make_stack(data_dir: Path, metrics: bool = False, **tasks: int) -> Stack:
     }
     for _, _, env_name in SERVICES:
         env[env_name] = f"127.0.0.1:{free_port()}"
-    if metrics:
-        env.update({env_name: str(free_port()) for env_name in METRICS_PORTS.values()})
+    # Off unless asked: `make run` from this env (test_make_run) would take the default ports.
+    env.update({env_name: str(free_port()) if metrics else "0" for env_name in METRICS_PORTS.values()})
     return Stack(data_dir=data_dir, env=env, http_url=f"http://127.0.0.1:{http_port}")
