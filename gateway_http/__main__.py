@@ -11,6 +11,7 @@ from gateway_http.app import create_app
 from gateway_http.store import MIGRATIONS, GatewayStore
 from libs.db import Database
 from libs.log import get_logger
+from libs.metrics import MetricsEndpoint
 from libs.startup import boot, migrate
 
 
@@ -29,9 +30,12 @@ async def main() -> None:
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
+    metrics = MetricsEndpoint.start(settings.metrics_host, settings.gateway_metrics_port)
     try:
         await uvicorn.Server(config).serve()
     finally:
+        if metrics is not None:
+            await metrics.stop()
         db.close()
         log.info("stopped")
 

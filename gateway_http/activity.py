@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import structlog
 
+from gateway_http.metrics import SSE_DROPPED, SSE_SUBSCRIBERS
 from gateway_http.sse import frame
 from taskgate.notifier.v1 import notifier_pb2 as pb
 from taskgate.notifier.v1 import notifier_pb2_grpc as pb_grpc
@@ -85,6 +86,7 @@ class ActivityFanout:
                     except asyncio.QueueFull:
                         # Its SSE writer drains this queue at once, so this is a stuck client: end it.
                         feed.clients.discard(client)
+                        SSE_DROPPED.labels("activity").inc()
                         while not client.queue.empty():
                             client.queue.get_nowait()
                         client.queue.put_nowait(error_frame("STREAM_TOO_SLOW", "reconnect with Last-Event-ID"))
@@ -136,6 +138,7 @@ class ActivityFanout:
             yield error_frame("UNAVAILABLE", "the activity stream is not available; try again").data
             return
         feed, client = joined
+        SSE_SUBSCRIBERS.labels("activity").inc()
         try:
             request = pb.ReplayActivityRequest(agent_id=agent_id, session_id=session_id)
             if after is not None:
@@ -166,6 +169,7 @@ class ActivityFanout:
         except grpc.aio.AioRpcError as exc:
             yield error_frame(exc.code().name, exc.details() or "").data
         finally:
+            SSE_SUBSCRIBERS.labels("activity").dec()
             self.leave(key, feed, client)
 
     async def close(self) -> None:

@@ -20,6 +20,7 @@ from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
 from gateway_http.routes import channels, conversation, dashboard, health, me, questions, sessions, tasks
 from gateway_http.store import GatewayStore
+from gateway_http.task_stream import TaskStreams
 from gateway_http.telegram import TelegramAdapter
 from libs.settings import Settings
 
@@ -48,6 +49,7 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
         # grpc.aio channels belong to the serving event loop.
         app.state.backends = Backends.open(settings)
         app.state.activity = ActivityFanout(app.state.backends.notifier, conversation.notification_json)
+        app.state.task_streams = TaskStreams(app.state.backends.scheduler, settings.notifier.sse_client_buffer)
         app.state.telegram = telegram_adapters(settings, store, app.state.backends)
         bots = [asyncio.create_task(a.run(), name=f"telegram-{n}") for n, a in app.state.telegram.items()]
         try:
@@ -57,6 +59,7 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
                 bot.cancel()
             await asyncio.gather(*bots, return_exceptions=True)
             await app.state.activity.close()
+            await app.state.task_streams.close()
             await app.state.backends.close()
 
     app = GatewayApp(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -10,6 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gateway_http.errors import ApiError
 from gateway_http.schemas import AgentIdPath, SessionIdPath
+from gateway_http.sse import frame
 from gateway_http.store import ApiKey, GatewayStore
 from libs.ids import ID_PATTERN
 from libs.settings import Settings
@@ -82,3 +85,22 @@ def key_agent(key: ApiKey, requested: str | None) -> str:
     if not key.agents:
         raise ApiError(403, "AGENT_ACCESS_DENIED", "this API key has access to no agent")
     raise ApiError(400, "AGENT_AMBIGUOUS", "this API key has access to several agents: name one with ?agentId=")
+
+
+def stream_access_check(request: Request, caller: Caller) -> Callable[[], Awaitable[bytes | None]]:
+    """For a long-lived stream: None while the caller may still read it, else its final frame.
+    A revoked key or a removed membership ends the stream."""
+    store: GatewayStore = request.app.state.store
+    secret = request.headers.get("authorization", "").partition(" ")[2].strip()[:MAX_KEY_CHARS]
+
+    async def still_allowed() -> bytes | None:
+        key = await store.authenticate(secret)
+        if key is None:
+            return frame(json.dumps({"error": "UNAUTHENTICATED", "message": "the API key was revoked"}), "error")
+        if caller.agent_id not in key.agents or not await store.member(
+            caller.agent_id, caller.session_id, key.principal
+        ):
+            return frame(json.dumps({"error": "NOT_A_MEMBER", "message": "access to this session ended"}), "error")
+        return None
+
+    return still_allowed

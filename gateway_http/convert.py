@@ -181,3 +181,27 @@ def task_json(t: pb.Task) -> dict[str, Any]:
     out["updatedAt"] = iso(t.update_time)
     out["version"] = t.version
     return out
+
+
+# A task-stream event's progress text is a summary; the full text is in GET .../tasks/{taskId}.
+SLIM_PROGRESS_CHARS = 200
+
+
+def slim_task_json(t: pb.Task) -> dict[str, Any]:
+    """A task-stream event's snapshot: what a list or a badge shows, without instructions,
+    result, attempts or telemetry (the client GETs the task for its detail)."""
+    out: dict[str, Any] = {"taskId": t.task_id, "title": t.title, "state": STATE_NAMES.get(t.state, "unknown")}
+    if t.HasField("progress"):
+        text = t.progress.text
+        if len(text) > SLIM_PROGRESS_CHARS:
+            text = text[: SLIM_PROGRESS_CHARS - 1] + "…"
+        out["progress"] = {"text": text, "updatedAt": iso(t.progress.update_time)}
+    if t.HasField("pending_question"):
+        out["pendingQuestion"] = {"questionId": t.pending_question.question_id, "revision": t.pending_question.revision}
+    if t.HasField("failure"):
+        out["failure"] = {"code": t.failure.code}
+    # New input (an answer, a resume after a pause) starts a new revision; the first is 1.
+    out["revision"] = t.restart_resume.revision if t.HasField("restart_resume") and t.restart_resume.revision else 1
+    out["version"] = t.version  # raised by every committed change: a client re-reads the detail when it moves
+    out["updatedAt"] = iso(t.update_time)
+    return out

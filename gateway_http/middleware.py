@@ -19,6 +19,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway_http.errors import status_reason
+from gateway_http.metrics import HTTP_DURATION
 
 log = structlog.get_logger("http")
 
@@ -32,6 +33,13 @@ def request_id_for(scope: Scope) -> str:
     if offered is not None and CLIENT_REQUEST_ID.fullmatch(offered):
         return offered
     return uuid.uuid4().hex
+
+
+def _observe(scope: Scope, status: int, start: float) -> None:
+    # The route's template, not the path: ids in paths would make a series per task.
+    route = scope.get("route")
+    template = getattr(route, "path", None) or "unmatched"
+    HTTP_DURATION.labels(scope.get("method", ""), template, str(status)).observe(time.perf_counter() - start)
 
 
 class RequestContextMiddleware:
@@ -56,6 +64,7 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 status = message["status"]
+                _observe(scope, status, start)
                 headers = MutableHeaders(raw=list(message.get("headers", [])))
                 headers[REQUEST_ID_HEADER] = request_id
                 if status >= 400 and not headers.get("content-type", "").startswith("application/json"):
@@ -75,6 +84,7 @@ class RequestContextMiddleware:
             if not started:
                 await self._send_error(send, 500, MutableHeaders({REQUEST_ID_HEADER: request_id}))
                 status = 500
+                _observe(scope, status, start)
         finally:
             self._log(scope, status, start)
             structlog.contextvars.unbind_contextvars("request_id")

@@ -5,7 +5,10 @@ client that stops reading blocks its generator with no way to notice, and its
 keep-alive interval is a module constant. Here a pump reads the source into a
 bounded queue while a writer sends to the client: when the queue fills, the
 client is disconnected (it may reconnect with Last-Event-ID) and its memory is
-released; other clients are never waited for. Frames are encoded with
+released; other clients are never waited for. A fan-out source
+(``task_stream.Subscription``) hands over its own bounded queue instead, filled by
+the shared feed. Frames that queued up go out in one write; a heartbeat timer per
+client keeps an idle stream open. Frames are encoded with
 ``fastapi.sse.format_sse_event``.
 """
 
@@ -24,6 +27,8 @@ from starlette.types import Receive, Scope, Send
 log = structlog.get_logger("sse")
 
 HEARTBEAT = b": heartbeat\n\n"
+# Frames a writer sends in one go when several have queued up (one write, one wake-up).
+MAX_FRAMES_PER_WRITE = 64
 
 
 def frame(data_json: str, event: str | None = None, event_id: str | None = None) -> bytes:
@@ -56,33 +61,52 @@ class BoundedEventStream(Response):
         self.recheck_s = recheck_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=self.buffer_frames)
         overflow = asyncio.Event()
+        # A fan-out source (``task_stream.Subscription``) hands over its own bounded queue,
+        # filled by the shared feed (which ends a client that lets it fill): no pump between.
+        queue: asyncio.Queue[bytes | None] | None = getattr(self.source, "queue", None)
+        if queue is None:
+            queue = asyncio.Queue(maxsize=self.buffer_frames)
+        own_queue = queue
 
         async def pump() -> None:
             try:
                 async for chunk in self.source:
                     try:
-                        queue.put_nowait(chunk)
+                        own_queue.put_nowait(chunk)
                     except asyncio.QueueFull:
                         overflow.set()
                         return
             finally:
                 with contextlib.suppress(asyncio.QueueFull):
-                    queue.put_nowait(None)
+                    own_queue.put_nowait(None)
+
+        last_sent = time.monotonic()
+
+        async def heartbeat() -> None:
+            # One timer per client instead of a timeout on every read.
+            while True:
+                await asyncio.sleep(self.heartbeat_s - (time.monotonic() - last_sent))
+                if time.monotonic() - last_sent >= self.heartbeat_s:
+                    with contextlib.suppress(asyncio.QueueFull):
+                        own_queue.put_nowait(HEARTBEAT)
 
         async def write() -> None:
+            nonlocal last_sent
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             checked = time.monotonic()
-            while True:
-                try:
-                    chunk = await asyncio.wait_for(queue.get(), timeout=self.heartbeat_s)
-                except TimeoutError:
-                    chunk = HEARTBEAT
-                if chunk is None:
-                    break
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if time.monotonic() - checked >= self.recheck_s:
+            ended = False
+            while not ended:
+                # Whatever has queued up goes out in one write.
+                parts = [await own_queue.get()]
+                while parts[-1] is not None and not own_queue.empty() and len(parts) < MAX_FRAMES_PER_WRITE:
+                    parts.append(own_queue.get_nowait())
+                ended = parts[-1] is None
+                body = b"".join(p for p in parts if p is not None)
+                if body:
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    last_sent = time.monotonic()
+                if not ended and time.monotonic() - checked >= self.recheck_s:
                     checked = time.monotonic()
                     goodbye = await self.still_allowed()
                     if goodbye is not None:
@@ -94,15 +118,17 @@ class BoundedEventStream(Response):
             while (await receive())["type"] != "http.disconnect":
                 pass
 
-        pumping = asyncio.create_task(pump())
+        helpers = [asyncio.create_task(heartbeat())]
+        if own_queue is not getattr(self.source, "queue", None):
+            helpers.append(asyncio.create_task(pump()))
         writing = asyncio.create_task(write())
         watching = [asyncio.create_task(disconnected()), asyncio.create_task(overflow.wait())]
         try:
             await asyncio.wait([writing, *watching], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (pumping, writing, *watching):
+            for task in (*helpers, writing, *watching):
                 task.cancel()
-            await asyncio.gather(pumping, writing, *watching, return_exceptions=True)
+            await asyncio.gather(*helpers, writing, *watching, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self.source.aclose()  # type: ignore[attr-defined]
         if overflow.is_set():

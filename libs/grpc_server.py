@@ -30,6 +30,7 @@ from libs.db import storage_full
 from libs.errors import DomainError, Unavailable
 from libs.grpc_client import REQUEST_ID_KEY
 from libs.internal_auth import CallerAuth
+from libs.metrics import RPC_DURATION, MetricsEndpoint
 from libs.settings import Settings
 from libs.startup import StopSignal
 
@@ -77,6 +78,12 @@ def _unexpected_status(exc: BaseException) -> tuple[str, grpc.Status]:
     return "INTERNAL", _internal_status()
 
 
+def _ended_code(context: grpc.aio.ServicerContext) -> str:
+    """The code of a call the servicer aborted (its abort code), or that the client cancelled."""
+    code = context.code()
+    return code.name if isinstance(code, grpc.StatusCode) else "CANCELLED"
+
+
 def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
     """A handler of the same kind as ``handler`` that only refuses the call."""
 
@@ -120,6 +127,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None or internal_auth.exempt(details.method):
             return handler
         method = details.method
+        received = time.perf_counter()
         metadata = dict(details.invocation_metadata or ())
         request_id = str(metadata.get(REQUEST_ID_KEY) or "")
         if not REQUEST_ID_PATTERN.fullmatch(request_id):
@@ -129,9 +137,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             identity = self._auth.identify(metadata.get(internal_auth.AUTHORIZATION_KEY))
             if identity is None:
                 log.warning("rpc_unauthenticated", rpc=method, request_id=request_id)
+                RPC_DURATION.labels(method, "UNAUTHENTICATED").observe(time.perf_counter() - received)
                 return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, "a valid caller credential is required")
             if not internal_auth.allowed(identity, method):
                 log.warning("rpc_permission_denied", rpc=method, caller=identity, request_id=request_id)
+                RPC_DURATION.labels(method, "PERMISSION_DENIED").observe(time.perf_counter() - received)
                 return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {method}")
             caller = identity
 
@@ -140,7 +150,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return time.perf_counter()
 
         def done(start: float, code: str, error: BaseException | None = None) -> None:
-            elapsed_ms = round((time.perf_counter() - start) * 1000, 2)
+            elapsed = time.perf_counter() - start
+            RPC_DURATION.labels(method, code).observe(elapsed)
+            elapsed_ms = round(elapsed * 1000, 2)
             if code == "INTERNAL" and error is not None:
                 log.error("rpc_failed", code=code, duration_ms=elapsed_ms, exc_info=error)
             elif error is not None:
@@ -160,7 +172,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     done(start, _KIND_TO_CODE.get(exc.kind, grpc.StatusCode.INTERNAL).name)
                     await context.abort_with_status(status_for(exc))
                 except (grpc.aio.AbortError, asyncio.CancelledError):
-                    done(start, "ABORTED_OR_CANCELLED")
+                    done(start, _ended_code(context))
                     raise
                 except NotImplementedError:
                     # The generated base servicer's answer for an RPC a later issue fills in.
@@ -191,7 +203,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     done(start, _KIND_TO_CODE.get(exc.kind, grpc.StatusCode.INTERNAL).name)
                     await context.abort_with_status(status_for(exc))
                 except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
-                    done(start, "ABORTED_OR_CANCELLED")
+                    done(start, _ended_code(context))
                     raise
                 except NotImplementedError:
                     done(start, "UNIMPLEMENTED")
@@ -336,12 +348,32 @@ async def serve(
     on_started: Callable[[], Awaitable[None]] | None = None,
     on_stopping: Callable[[], Awaitable[None]] | None = None,
     grace: float = 5.0,
+    metrics_port: int = 0,
 ) -> None:
     """Run a service until SIGTERM/SIGINT, then shut it down gracefully.
 
     Health says SERVING only once ``on_started`` (recovery and the like) is done;
     a stop signal that arrived during start-up is honoured right after it.
+    ``metrics_port`` (0 = none) serves Prometheus metrics on ``settings.metrics_host``.
     """
+    metrics = MetricsEndpoint.start(settings.metrics_host, metrics_port)
+    try:
+        await _serve(addr, settings, stop, registrars, service_names, on_started, on_stopping, grace)
+    finally:
+        if metrics is not None:
+            await metrics.stop()
+
+
+async def _serve(
+    addr: str,
+    settings: Settings,
+    stop: StopSignal,
+    registrars: Iterable[Registrar],
+    service_names: Iterable[str],
+    on_started: Callable[[], Awaitable[None]] | None,
+    on_stopping: Callable[[], Awaitable[None]] | None,
+    grace: float,
+) -> None:
     host = await start_server(
         addr, registrars, service_names, security=ServerSecurity.from_settings(settings), ready=False
     )

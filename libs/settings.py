@@ -197,6 +197,13 @@ class Settings(_Frozen):
     # gRPC keep-alive ping interval; servers accept pings at twice this rate, so
     # an idle stream (a quiet watcher) is never cut for "too many pings".
     grpc_keepalive_ms: int = Field(30_000, ge=100)
+    # Prometheus /metrics of each process (TASKGATE_<SERVICE>_METRICS_PORT); 0 = no endpoint.
+    metrics_host: str = "127.0.0.1"
+    scheduler_metrics_port: int = Field(9451, ge=0, le=65535)
+    pending_metrics_port: int = Field(9452, ge=0, le=65535)
+    telemetry_metrics_port: int = Field(9453, ge=0, le=65535)
+    notifier_metrics_port: int = Field(9454, ge=0, le=65535)
+    gateway_metrics_port: int = Field(9455, ge=0, le=65535)
     config_path: Path | None = None
     tasks: TaskSettings = Field(default_factory=TaskSettings)  # type: ignore[arg-type]
     workers: dict[str, WorkerProfile] = Field(default_factory=dict)

@@ -3,7 +3,6 @@ and the activity stream (SSE)."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
@@ -11,13 +10,12 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, StrictBool
 
 from gateway_http.activity import ActivityFanout
-from gateway_http.auth import MAX_KEY_CHARS, SessionCaller
+from gateway_http.auth import SessionCaller, stream_access_check
 from gateway_http.backends import Backends, request_metadata
 from gateway_http.convert import iso
 from gateway_http.errors import ApiError
 from gateway_http.schemas import ID_REGEX, NOT_BLANK, UUID_HEX_REGEX, PageQuery, PageSizeQuery, RequestBody
-from gateway_http.sse import BoundedEventStream, frame
-from gateway_http.store import GatewayStore
+from gateway_http.sse import BoundedEventStream
 from libs.settings import Settings
 from taskgate.notifier.v1 import notifier_pb2 as pb
 
@@ -178,26 +176,12 @@ async def activity_stream(request: Request, caller: SessionCaller) -> BoundedEve
     after = _last_event_id(request)
     settings: Settings = request.app.state.settings
     fanout: ActivityFanout = request.app.state.activity
-    store: GatewayStore = request.app.state.store
-    secret = request.headers.get("authorization", "").partition(" ")[2].strip()[:MAX_KEY_CHARS]
-
-    async def still_allowed() -> bytes | None:
-        # A revoked key or a removed membership ends the stream.
-        key = await store.authenticate(secret)
-        if key is None:
-            return frame(json.dumps({"error": "UNAUTHENTICATED", "message": "the API key was revoked"}), "error")
-        if caller.agent_id not in key.agents or not await store.member(
-            caller.agent_id, caller.session_id, key.principal
-        ):
-            return frame(json.dumps({"error": "NOT_A_MEMBER", "message": "access to this session ended"}), "error")
-        return None
-
     heartbeat_s = settings.notifier.sse_heartbeat_ms / 1000
     return BoundedEventStream(
         fanout.stream(caller.agent_id, caller.session_id, after),
         buffer_frames=settings.notifier.sse_client_buffer,
         heartbeat_s=heartbeat_s,
-        still_allowed=still_allowed,
+        still_allowed=stream_access_check(request, caller),
         recheck_s=min(heartbeat_s, 5.0),
     )
 

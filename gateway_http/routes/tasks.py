@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 import grpc
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from gateway_http.auth import SessionCaller
+from gateway_http.auth import SessionCaller, stream_access_check
 from gateway_http.backends import Backends, request_metadata
 from gateway_http.convert import task_json
 from gateway_http.errors import ApiError, responses
@@ -27,6 +25,8 @@ from gateway_http.schemas import (
     TaskPage,
     WorkerLog,
 )
+from gateway_http.sse import BoundedEventStream
+from gateway_http.task_stream import TaskStreams
 from libs.settings import Settings
 from taskgate.pending.v1 import pending_pb2 as pending_pb
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
@@ -121,39 +121,32 @@ async def list_tasks(
     )
 
 
-EVENT_NAMES = {
-    pb.TASK_EVENT_TYPE_SNAPSHOT: "task.snapshot",
-    pb.TASK_EVENT_TYPE_STATE_CHANGED: "task.state_changed",
-    pb.TASK_EVENT_TYPE_PROGRESS: "task.progress",
-    pb.TASK_EVENT_TYPE_TOOL: "task.tool",
-    pb.TASK_EVENT_TYPE_EXECUTION: "task.execution",
-    pb.TASK_EVENT_TYPE_QUESTION: "task.question",
-}
+@router.get("/tasks/events", response_class=BoundedEventStream, status_code=200)
+async def task_events(request: Request, caller: SessionCaller) -> BoundedEventStream:
+    """Server-Sent Events: the session's active tasks first (``event: task.snapshot``), then every
+    task event after commit (``task.state_changed``, ``task.progress``, ``task.tool``,
+    ``task.execution``, ``task.question``).
 
-
-@router.get("/tasks/events", response_class=EventSourceResponse)
-async def task_events(request: Request, caller: SessionCaller) -> AsyncIterator[ServerSentEvent]:
-    """Server-Sent Events: the session's active tasks first, then every task event after commit.
-
-    Each frame's ``data`` is ``{"task": snapshot}``; ``event`` names the event. A client
-    that reads too slowly falls behind the scheduler's bounded buffer and is
-    disconnected; on reconnect it starts again from fresh snapshots.
+    Each frame's ``data`` is ``{"task": {...}}``, a **slim** snapshot: ``taskId``, ``title``,
+    ``state``, ``progress`` (``text`` cut to 200 characters, ``updatedAt``), ``pendingQuestion``
+    (``questionId``, ``revision``), ``failure`` (``code``), ``revision`` and ``updatedAt``; never the
+    instructions, result, attempts or telemetry: GET the task for its detail. The response
+    starts once the stream is live, so every later change reaches the client. A client that
+    reads too slowly gets ``event: error`` ``STREAM_TOO_SLOW`` and is disconnected; on reconnect
+    it starts again from fresh snapshots. Heartbeat comments keep the connection open.
     """
-    stream = _backends(request).scheduler.WatchTasks(
-        pb.WatchTasksRequest(agent_id=caller.agent_id, session_id=caller.session_id), metadata=request_metadata(request)
+    settings: Settings = request.app.state.settings
+    streams: TaskStreams = request.app.state.task_streams
+    heartbeat_s = settings.notifier.sse_heartbeat_ms / 1000
+    # Joined before answering: the response's headers mean "subscribed".
+    subscription = await streams.open(caller.agent_id, caller.session_id)
+    return BoundedEventStream(
+        subscription,
+        buffer_frames=settings.notifier.sse_client_buffer,
+        heartbeat_s=heartbeat_s,
+        still_allowed=stream_access_check(request, caller),
+        recheck_s=min(heartbeat_s, 5.0),
     )
-    try:
-        async for event in stream:
-            yield ServerSentEvent(
-                event=EVENT_NAMES.get(event.type, "task.event"),
-                id=str(event.sequence),
-                data={"task": task_json(event.task)},
-            )
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() != grpc.StatusCode.CANCELLED:
-            yield ServerSentEvent(event="error", data={"error": exc.code().name, "message": exc.details() or ""})
-    finally:
-        stream.cancel()
 
 
 @router.get("/tasks/{taskId}", response_model=TaskEnvelope, responses=responses(404))

@@ -85,6 +85,7 @@ async def main() -> None:
             service_names=[notifier_pb2.DESCRIPTOR.services_by_name["NotifierService"].full_name],
             on_started=started,
             on_stopping=stopping,
+            metrics_port=settings.notifier_metrics_port,
         )
     finally:
         await http.aclose()

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import hmac
 import json
+import time
 from datetime import UTC, datetime
 
 import httpx
@@ -24,6 +25,7 @@ from libs.clock import Clock
 from libs.settings import ChannelConfig, NotifierSettings
 from services.notifier import domain
 from services.notifier.domain import Backoff, Notification
+from services.notifier.metrics import DELIVERY_ATTEMPTS, DELIVERY_RETRIES, DELIVERY_SECONDS
 from services.notifier.store import NotifierStore
 
 log = structlog.get_logger("notifier.delivery")
@@ -129,6 +131,7 @@ class Deliverer:
                 return
 
     async def attempt(self, n: Notification) -> Notification:
+        started = time.perf_counter()
         channel = self.channels.get(n.channel or "")
         status: int | None = None
         error: str | None = None
@@ -160,6 +163,10 @@ class Deliverer:
                 error = f"{type(exc).__name__}: {exc}"[:300]
         outcome = domain.attempt_outcome(status, error, retry_after, self.clock.now_ms())
         stored = await self.store.record_attempt(n.notification_id, outcome, self.backoff)
+        DELIVERY_SECONDS.observe(time.perf_counter() - started)
+        DELIVERY_ATTEMPTS.labels(outcome.outcome.value, n.kind.value).inc()
+        if len(stored.attempts) > 1:
+            DELIVERY_RETRIES.labels(n.kind.value).inc()
         log.info(
             "delivery_attempt",
             notification_id=n.notification_id,

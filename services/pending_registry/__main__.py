@@ -6,6 +6,7 @@ import asyncio
 import os
 
 from libs.grpc_server import serve
+from libs.metrics import register_scrape_gauge
 from libs.startup import StopSignal, boot, migrate
 from services.pending_registry.registry import PendingRegistry
 
@@ -16,6 +17,20 @@ async def main() -> None:
     registry = PendingRegistry.open(settings.db_url("pending"))
     await migrate(registry.db)
     await registry.start()
+
+    async def open_entries() -> dict[tuple[str, ...], float]:
+        return {(): float(registry.entries.live_count)}
+
+    async def waiting() -> dict[tuple[str, ...], float]:
+        return {
+            ("picker",): float(registry.entries.waiting_pickers),
+            ("answer",): float(registry.questions.waiter_count),
+        }
+
+    register_scrape_gauge("taskgate_pending_open_entries", "Pending entries waiting for a reply", [], open_entries)
+    register_scrape_gauge(
+        "taskgate_pending_waiters", "Calls blocked waiting: PickNext pickers, AwaitAnswer workers", ["kind"], waiting
+    )
     try:
         await serve(
             addr=settings.pending_addr,
@@ -24,6 +39,7 @@ async def main() -> None:
             registrars=[registry.registrar()],
             service_names=registry.service_names,
             on_stopping=registry.stop,
+            metrics_port=settings.pending_metrics_port,
         )
     finally:
         registry.db.close()

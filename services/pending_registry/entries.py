@@ -28,6 +28,7 @@ from services.pending_registry.domain import (
     RemovalReason,
     Snapshot,
 )
+from services.pending_registry.metrics import ENTRIES_REGISTERED, ENTRY_CLAIMS
 from services.pending_registry.store import PendingStore
 
 log = get_logger("pending_registry.entries")
@@ -97,6 +98,7 @@ class PendingEntries:
         waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         live = _Live(entry, waiter)
         self._live[entry_id] = live
+        ENTRIES_REGISTERED.labels(entry.kind.value).inc()
         log.debug(
             "entry_registered",
             entry_id=entry_id,
@@ -336,6 +338,7 @@ class PendingEntries:
         now = self.clock()
         live.entry = live.entry.claimed(picker, now)
         self._publish(EntryEvent(EventType.CLAIMED, live.entry))
+        ENTRY_CLAIMS.inc()
         # The row is a record; who holds an entry is decided here, in memory.
         entry_id = live.entry.entry_id
         self._write(entry_id, lambda: self.store.claim_entry(entry_id, picker, now))

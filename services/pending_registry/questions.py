@@ -14,6 +14,7 @@ from collections.abc import Callable
 from libs.log import get_logger
 from services.pending_registry import domain
 from services.pending_registry.domain import AnswerAttempt, NewQuestion, Question, QuestionState
+from services.pending_registry.metrics import QUESTIONS
 from services.pending_registry.store import PendingStore
 
 log = get_logger("pending_registry.questions")
@@ -32,6 +33,7 @@ class Questions:
         if replaced is not None:
             self._wake(replaced)
         if created:
+            QUESTIONS.labels("asked").inc()
             log.info(
                 "question_asked",
                 task_id=question.task_id,
@@ -53,6 +55,7 @@ class Questions:
         domain.validate_answer_attempt(attempt)
         question, changed = await self.store.answer_question(attempt, self.clock())
         if changed:
+            QUESTIONS.labels("answered").inc()
             log.info(
                 "question_answered",
                 task_id=question.task_id,

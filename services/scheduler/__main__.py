@@ -11,7 +11,9 @@ import structlog
 from libs.db import Database
 from libs.grpc_client import ClientSecurity
 from libs.grpc_server import serve
+from libs.metrics import register_scrape_gauge
 from libs.startup import StopSignal, boot, migrate
+from services.scheduler.domain import State
 from services.scheduler.engine import Engine
 from services.scheduler.failure_reports import FailureReportsClient
 from services.scheduler.hosts import resolve_host_id
@@ -71,6 +73,18 @@ async def main() -> None:
     def register(server: object) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
 
+    async def tasks_by_state() -> dict[tuple[str, ...], float]:
+        counts = await engine.runtime.store.count_by_state()
+        return {(state.value,): float(counts.get(state.value, 0)) for state in State}
+
+    async def watchers() -> dict[tuple[str, ...], float]:
+        return {(): float(engine.runtime.hub.subscriber_count)}
+
+    register_scrape_gauge("taskgate_tasks", "Tasks by state (read from the store on scrape)", ["state"], tasks_by_state)
+    register_scrape_gauge(
+        "taskgate_task_watchers", "Live WatchTasks subscriptions (session and task watchers)", [], watchers
+    )
+
     names = [scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name]
     try:
         await serve(
@@ -81,6 +95,7 @@ async def main() -> None:
             service_names=names,
             on_started=started,
             on_stopping=stopping,
+            metrics_port=settings.scheduler_metrics_port,
         )
     finally:
         db.close()

@@ -51,7 +51,7 @@ from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
 from services.scheduler.store import SchedulerStore
 from services.scheduler.supervision import Supervisor
-from services.scheduler.watch import Watchers
+from services.scheduler.watch import OnLive, Watchers
 from services.scheduler.worker_log import LogTail
 
 log = structlog.get_logger("scheduler")
@@ -271,11 +271,11 @@ class Engine:
     async def reconcile_once(self) -> int:
         return await self.supervisor.reconcile_once()
 
-    def watch_task(self, task_id: str) -> AsyncIterator[TaskEvent]:
-        return self.watchers.watch_task(task_id)
+    def watch_task(self, task_id: str, on_live: OnLive | None = None) -> AsyncIterator[TaskEvent]:
+        return self.watchers.watch_task(task_id, on_live)
 
-    def watch_session(self, agent_id: str, session_id: str) -> AsyncIterator[TaskEvent]:
-        return self.watchers.watch_session(agent_id, session_id)
+    def watch_session(self, agent_id: str, session_id: str, on_live: OnLive | None = None) -> AsyncIterator[TaskEvent]:
+        return self.watchers.watch_session(agent_id, session_id, on_live)
 
     def follow_log(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[TaskEvent]:
         return self.log_follower.follow_log(since, types, batch)

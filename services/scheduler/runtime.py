@@ -22,6 +22,7 @@ from libs.settings import Settings, WorkerProfile
 from services.scheduler import processes
 from services.scheduler.domain import Attempt, Task
 from services.scheduler.events import EventHub
+from services.scheduler.metrics import LifecycleMetrics
 from services.scheduler.ownership import Ownership
 from services.scheduler.scans import SharedScan
 from services.scheduler.store import SchedulerStore, StoredEvent
@@ -101,6 +102,7 @@ class Runtime:
         self.failure_reports: FailureReportsPort | None = None  # the notifier, for legacy adoption
         self.boot_id = boot_id or uuid.uuid4().hex
         self.hub = EventHub()
+        self.metrics = LifecycleMetrics()
         self.table_reader = table_reader
         self.scans = SharedScan(table_reader)
         self.live: dict[str, LiveAttempt] = {}  # task_id -> attempt being run now
@@ -158,6 +160,7 @@ class Runtime:
         """Tell watchers about a committed change (after commit, never before)."""
         if stored is not None:
             self.hub.publish(stored.type, stored.at, task)
+            self.metrics.published(stored.type, stored.at, stored.previous, task, self.clock.now_ms())
             if task.terminal and stored.type == "task.state_changed":
                 self.questions_wake.set()  # its question-close outbox row (if any) was committed with it
                 self.never_asked.discard(task.task_id)

@@ -17,6 +17,8 @@ from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 # How long CancelTask waits for a cooperative worker before answering cancel_requested.
 CANCEL_ANSWER_WAIT_S = 1.0
+# Initial metadata of a WatchTasks call (session or task): the watch is subscribed.
+WATCH_LIVE_KEY = "x-taskgate-watch-live"
 EVENT_TYPE_FROM_PB = {v: k for k, v in convert.EVENT_TYPE_TO_PB.items()}
 
 
@@ -117,9 +119,11 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         elif request.task_id:
             if request.session_id or request.agent_id:
                 raise domain.InvalidArgument("INVALID_WATCH", "name either a task or a session, not both")
-            events = self.engine.watch_task(request.task_id)
+            events = self.engine.watch_task(request.task_id, on_live=lambda: _send_live(context))
         else:
-            events = self.engine.watch_session(request.agent_id, request.session_id)
+            events = self.engine.watch_session(
+                request.agent_id, request.session_id, on_live=lambda: _send_live(context)
+            )
         async for event in events:
             yield pb.WatchTasksResponse(
                 sequence=event.sequence,
@@ -137,6 +141,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         async for event in events:
             if event.task.agent_id == agent_id and event.task.session_id == session_id:
                 yield event
+
+
+async def _send_live(context: grpc.aio.ServicerContext) -> None:
+    """The call's initial metadata, sent once the watch is subscribed: the client's
+    ``initial_metadata()`` returns then, so it knows no later change is missed."""
+    await context.send_initial_metadata(((WATCH_LIVE_KEY, "1"),))
 
 
 class WorkerServicer(pb_grpc.WorkerServiceServicer):

@@ -7,6 +7,7 @@ Every state change is one transaction that also appends a task event.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -159,6 +160,8 @@ class StoredEvent:
     at: int
     task: Task
     origin: str | None = None
+    # The state before the change (None: a new task, or an event read back from the log).
+    previous: State | None = None
 
 
 class NotOwner(Exception):
@@ -366,11 +369,15 @@ class SchedulerStore:
                 where.append(TASKS.c.state.in_(UNFINISHED))
             total = int(_rows(s, sa.select(func.count()).select_from(TASKS).where(*where))[0][0])
             page_index = clamp(total)
+            # Without finished tasks, ordering by `created_at + 0` keeps SQLite from walking
+            # ix_tasks_session (the session's whole history, newest first) to avoid a sort: it
+            # seeks the few unfinished rows through ix_tasks_session_state and sorts those.
+            newest = (TASKS.c.created_at + 0) if not include_finished else TASKS.c.created_at
             rows = _rows(
                 s,
                 sa.select(TASKS.c.doc)
                 .where(*where)
-                .order_by(TASKS.c.created_at.desc(), TASKS.c.task_id.desc())
+                .order_by(newest.desc(), TASKS.c.task_id.desc())
                 .offset(page_index * page_size)
                 .limit(page_size),
             )
@@ -473,7 +480,8 @@ class SchedulerStore:
                 and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": task_id})
             ):
                 s.connection().execute(_INSERT_QUESTION_CLOSE, {"task_id": task_id, "attempts": 0, "next_at": at})
-            return after, (_append_event(s, after, event_type, at, self.host_id) if event_type else None)
+            stored = _append_event(s, after, event_type, at, self.host_id) if event_type else None
+            return after, (dataclasses.replace(stored, previous=before.state) if stored else None)
 
         return await self._run(work)
 
@@ -858,6 +866,15 @@ class SchedulerStore:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
             attempts = _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
             return _task_from_row(rows[0]), [Attempt.model_validate_json(a.doc) for a in attempts]
+
+        return await self._run(work)
+
+    async def count_by_state(self) -> dict[str, int]:
+        """How many tasks are in each state (the metrics' gauge, computed on scrape)."""
+
+        def work(s: Session) -> dict[str, int]:
+            rows = _rows(s, sa.select(TASKS.c.state, sa.func.count()).group_by(TASKS.c.state))
+            return {str(r[0]): int(r[1]) for r in rows}
 
         return await self._run(work)
 

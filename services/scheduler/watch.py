@@ -11,21 +11,27 @@ from services.scheduler.domain import State, Task
 from services.scheduler.events import TaskEvent
 from services.scheduler.runtime import Runtime
 
+# Called once the watcher is subscribed, before its snapshots are read (e.g. to send the
+# call's initial metadata, so a client knows every later change will reach it).
+OnLive = Callable[[], Awaitable[None]]
+
 
 class Watchers:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
-    async def watch_task(self, task_id: str) -> AsyncIterator[TaskEvent]:
+    async def watch_task(self, task_id: str, on_live: OnLive | None = None) -> AsyncIterator[TaskEvent]:
         domain.validate_task_id(task_id)
 
         async def one() -> list[Task]:
             return [await self.rt.store.get_task(task_id)]
 
-        async for event in self._watch(lambda t: t.task_id == task_id, one):
+        async for event in self._watch(lambda t: t.task_id == task_id, one, on_live):
             yield event
 
-    async def watch_session(self, agent_id: str, session_id: str) -> AsyncIterator[TaskEvent]:
+    async def watch_session(
+        self, agent_id: str, session_id: str, on_live: OnLive | None = None
+    ) -> AsyncIterator[TaskEvent]:
         domain.validate_id("agentId", agent_id)
         domain.validate_id("sessionId", session_id)
 
@@ -37,11 +43,14 @@ class Watchers:
             # Only this session's tasks are read (ix_tasks_session_state), however many others exist.
             return await self.rt.store.tasks_in_states(live_states, session=(agent_id, session_id))
 
-        async for event in self._watch(accepts, active):
+        async for event in self._watch(accepts, active, on_live):
             yield event
 
     async def _watch(
-        self, accepts: Callable[[Task], bool], initial: Callable[[], Awaitable[list[Task]]]
+        self,
+        accepts: Callable[[Task], bool],
+        initial: Callable[[], Awaitable[list[Task]]],
+        on_live: OnLive | None = None,
     ) -> AsyncIterator[TaskEvent]:
         """Current snapshots first, then each event after commit.
 
@@ -50,6 +59,8 @@ class Watchers:
         """
         sent: dict[str, int] = {}  # task id -> the newest version sent
         with self.rt.hub.subscribe(accepts) as sub:
+            if on_live is not None:
+                await on_live()
             now = self.rt.clock.now_ms()
             for task in await initial():
                 sent[task.task_id] = task.version

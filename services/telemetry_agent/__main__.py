@@ -8,6 +8,7 @@ import os
 import grpc
 
 from libs.grpc_server import serve
+from libs.metrics import register_scrape_gauge
 from libs.startup import StopSignal, boot
 from services.telemetry_agent.agent import Agent
 from services.telemetry_agent.procread import ProcfsReader
@@ -21,6 +22,11 @@ async def main() -> None:
     settings = boot("telemetry_agent", os.environ)
     agent = Agent(Sampler(ProcfsReader()), settings.tasks.observation_interval_ms / 1000)
 
+    async def watched() -> dict[tuple[str, ...], float]:
+        return {(): float(agent.watch_count)}
+
+    register_scrape_gauge("taskgate_telemetry_watched_trees", "Process trees the agent watches", [], watched)
+
     def register(server: grpc.aio.Server) -> None:
         telemetry_pb2_grpc.add_TelemetryAgentServiceServicer_to_server(TelemetryAgentServicer(agent), server)
 
@@ -32,6 +38,7 @@ async def main() -> None:
         service_names=[SERVICE_NAME],
         on_started=agent.start,
         on_stopping=agent.stop,
+        metrics_port=settings.telemetry_metrics_port,
     )
 
 

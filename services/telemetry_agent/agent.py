@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from services.telemetry_agent.domain import (
     validate_task_id,
     validate_watch,
 )
+from services.telemetry_agent.metrics import measured
 from services.telemetry_agent.sampler import Clock, Sampler, wall_ms
 
 log = get_logger("telemetry_agent")
@@ -160,6 +162,10 @@ class Agent:
 
     # -- subscribers ------------------------------------------------------------------------------
 
+    @property
+    def watch_count(self) -> int:
+        return len(self._entries)
+
     def subscribe(self, include_latest: bool = False) -> Subscription:
         backlog = max(self._broadcaster.limit, 2 * len(self._entries))
         subscription = self._broadcaster.subscribe(backlog)
@@ -201,7 +207,9 @@ class Agent:
                 continue
             keep = [e.watch for e in self._entries.values()]
             try:
-                observations = await loop.run_in_executor(self._executor, self._sampler.sample, targets, keep)
+                observations = await loop.run_in_executor(
+                    self._executor, measured, functools.partial(self._sampler.sample, targets, keep), len(targets)
+                )
             except Exception:  # noqa: BLE001 - a failed sample must not stop the loop
                 log.exception("sample_failed", trees=len(targets))
                 continue

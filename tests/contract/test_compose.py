@@ -41,3 +41,26 @@ def test_compose_turns_on_internal_tls_secrets_and_healthchecks() -> None:
         assert service["restart"] == "unless-stopped", name
         assert service["healthcheck"]["test"], name
         assert service["depends_on"]["init"]["condition"] == "service_completed_successfully", name
+
+
+def test_compose_scrapes_every_service_metrics_port() -> None:
+    from libs.settings import Settings
+
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    prometheus = services["prometheus"]
+    assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
+    assert prometheus["ports"] == ["127.0.0.1:9090:9090"]
+    config = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
+    targets = {t for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
+    defaults = Settings()
+    ports = {
+        "scheduler": defaults.scheduler_metrics_port,
+        "pending-registry": defaults.pending_metrics_port,
+        "telemetry-agent": defaults.telemetry_metrics_port,
+        "notifier": defaults.notifier_metrics_port,
+        "gateway-http": defaults.gateway_metrics_port,
+    }
+    assert targets == {f"{name}:{port}" for name, port in ports.items()}
+    for name in MODULES:
+        # Inside its container a service's /metrics must be reachable from the prometheus one.
+        assert services[name]["environment"]["TASKGATE_METRICS_HOST"] == "0.0.0.0", name

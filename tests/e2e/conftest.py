@@ -103,7 +103,7 @@ class Api:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = make_stack(tmp_path_factory.mktemp("stack"))
+    s = make_stack(tmp_path_factory.mktemp("stack"), metrics=True)
     try:
         s.start()
     except Exception:

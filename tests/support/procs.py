@@ -95,6 +95,13 @@ def wait_grpc_serving(addr: str, timeout_s: float = 30.0, proc: subprocess.Popen
     raise TimeoutError(f"{addr} not SERVING within {timeout_s}s: {last}")
 
 
+# Every service's /metrics endpoint is off in tests (their default ports would collide
+# across concurrent stacks) unless a test sets TASKGATE_<SERVICE>_METRICS_PORT itself.
+METRICS_OFF = {
+    f"TASKGATE_{name}_METRICS_PORT": "0" for name in ("SCHEDULER", "PENDING", "TELEMETRY", "NOTIFIER", "GATEWAY")
+}
+
+
 class ServiceProcess:
     """One ``python -m <module>`` child with its own log file."""
 
@@ -106,7 +113,7 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, wait: bool = True) -> ServiceProcess:
-        full_env = {**os.environ, **self.env, "TASKGATE_LOG_FORMAT": "json"}
+        full_env = {**os.environ, **METRICS_OFF, **self.env, "TASKGATE_LOG_FORMAT": "json"}
         ensure_secrets(load_settings(full_env).secrets_path)  # as `make run` does on first use
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's exit

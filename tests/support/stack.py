@@ -75,6 +75,10 @@ class Stack:
     def addr(self, name: str) -> str:
         return self.env[dict((n, e) for n, _, e in SERVICES)[name]]
 
+    def metrics_url(self, name: str) -> str:
+        """A service's /metrics (the stack was made with ``metrics=True``)."""
+        return f"http://127.0.0.1:{self.env[METRICS_PORTS[name]]}/metrics"
+
     def channel(self, name: str, identity: str = "operator") -> grpc.Channel:
         """A sync gRPC channel to one service, calling as ``identity`` (operator: the local admin)."""
         return channel(self.addr(name), self.env, identity)
@@ -172,7 +176,17 @@ def hostile_profile() -> str:
     return f'command = {json.dumps(command)}\nuser = "nobody"'
 
 
-def make_stack(data_dir: Path, **tasks: int) -> Stack:
+METRICS_PORTS = {
+    "scheduler": "TASKGATE_SCHEDULER_METRICS_PORT",
+    "pending": "TASKGATE_PENDING_METRICS_PORT",
+    "telemetry": "TASKGATE_TELEMETRY_METRICS_PORT",
+    "notifier": "TASKGATE_NOTIFIER_METRICS_PORT",
+    "gateway": "TASKGATE_GATEWAY_METRICS_PORT",
+}
+
+
+def make_stack(data_dir: Path, metrics: bool = False, **tasks: int) -> Stack:
+    """A stack in ``data_dir``; ``metrics`` gives every service a /metrics port (off otherwise)."""
     settings = {
         "max_running": 4,
         "cancel_grace_ms": 1000,
@@ -195,4 +209,6 @@ def make_stack(data_dir: Path, **tasks: int) -> Stack:
     }
     for _, _, env_name in SERVICES:
         env[env_name] = f"127.0.0.1:{free_port()}"
+    # Off unless asked: `make run` from this env (test_make_run) would take the default ports.
+    env.update({env_name: str(free_port()) if metrics else "0" for env_name in METRICS_PORTS.values()})
     return Stack(data_dir=data_dir, env=env, http_url=f"http://127.0.0.1:{http_port}")

@@ -64,3 +64,23 @@ def test_a_process_with_bad_settings_exits_naming_itself_and_the_field() -> None
     with pytest.raises(SystemExit) as err:
         boot("scheduler", {"TASKGATE_TASKS_CANCEL_GRACE_MS": "-5"})
     assert str(err.value).startswith("scheduler: ") and "tasks.cancel_grace_ms" in str(err.value)
+
+
+def test_each_service_has_a_metrics_port_setting() -> None:
+    defaults = load_settings({"TASKGATE_CONFIG": ""})
+    assert defaults.metrics_host == "127.0.0.1"
+    env = {
+        f"TASKGATE_{name}_METRICS_PORT": str(9000 + i)
+        for i, name in enumerate(["SCHEDULER", "PENDING", "TELEMETRY", "NOTIFIER", "GATEWAY"])
+    }
+    settings = load_settings({**env, "TASKGATE_METRICS_HOST": "0.0.0.0"})
+    ports = [
+        settings.scheduler_metrics_port,
+        settings.pending_metrics_port,
+        settings.telemetry_metrics_port,
+        settings.notifier_metrics_port,
+        settings.gateway_metrics_port,
+    ]
+    assert ports == [9000, 9001, 9002, 9003, 9004] and settings.metrics_host == "0.0.0.0"
+    with pytest.raises(SettingsError, match="scheduler_metrics_port"):
+        load_settings({"TASKGATE_SCHEDULER_METRICS_PORT": "70000"})

@@ -123,6 +123,19 @@ async def test_listing_pages_newest_first_and_hides_finished(scheduler_db: Datab
     assert total == 5 and [t.task_id for t in tasks] == [f"{i:032x}" for i in (1, 0)]
 
 
+async def test_the_default_list_pages_the_unfinished_tasks_among_a_long_history(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db)
+    # Unfinished tasks older than most of the finished ones, and two with one created_at (task id breaks ties).
+    for i in range(30):
+        state = State.RUNNING if i in (2, 5, 6, 20) else State.COMPLETED
+        await store.create_task(make_task(f"{i:032x}", state=state, created_at=1000 + (5 if i == 6 else i)))
+    total, tasks = await store.list_tasks("a", "s", False, 0, 3, lambda total: 0)
+    assert total == 4 and [t.task_id for t in tasks] == [f"{i:032x}" for i in (20, 6, 5)]
+    total, tasks = await store.list_tasks("a", "s", False, 1, 3, lambda total: 1)
+    assert total == 4 and [t.task_id for t in tasks] == [f"{2:032x}"]
+    assert await store.list_tasks("a", "other", False, 0, 3, lambda total: 0) == (0, [])
+
+
 async def test_attempts_are_saved_and_updated(scheduler_db: Database) -> None:
     store = SchedulerStore(scheduler_db)
     await store.create_task(make_task("1" * 32))

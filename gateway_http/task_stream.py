@@ -1,0 +1,226 @@
+"""One scheduler WatchTasks stream per session, shared by all of this gateway's task-stream clients.
+
+Without it every SSE client held its own WatchTasks stream, and the scheduler encoded
+and sent each event once per client on the same event loop that serves cancels and
+launches. Here the gateway holds one upstream stream per watched session: each event
+is made slim and encoded to SSE bytes once, kept as the task's latest snapshot while
+the task is active, and handed to every local client of the session.
+
+A client that joins gets the feed's current snapshot of each active task, then the
+live events: both are taken in one step on the event loop, so nothing falls between
+them. The feed is live once the scheduler has subscribed (it sends the call's initial
+metadata then), so a client that has its response headers sees every later change.
+Each client has a bounded queue; a client that lets it fill is ended with an error
+frame (it may reconnect and start again from fresh snapshots); nobody else waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from gateway_http.convert import slim_task_json
+from gateway_http.metrics import SSE_DROPPED, SSE_SUBSCRIBERS, TASK_WATCHES
+from gateway_http.sse import frame
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+
+log = structlog.get_logger("task_stream")
+
+Session = tuple[str, str]
+READY_TIMEOUT_S = 10.0
+FANOUT_SLICE = 50
+FINISHED = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
+EVENT_NAMES = {
+    pb.TASK_EVENT_TYPE_SNAPSHOT: "task.snapshot",
+    pb.TASK_EVENT_TYPE_STATE_CHANGED: "task.state_changed",
+    pb.TASK_EVENT_TYPE_PROGRESS: "task.progress",
+    pb.TASK_EVENT_TYPE_TOOL: "task.tool",
+    pb.TASK_EVENT_TYPE_EXECUTION: "task.execution",
+    pb.TASK_EVENT_TYPE_QUESTION: "task.question",
+}
+
+
+def error_frame(error: str, message: str) -> bytes:
+    return frame(json.dumps({"error": error, "message": message}), "error")
+
+
+@dataclass(eq=False)
+class Client:
+    queue: asyncio.Queue[bytes | None]
+
+
+@dataclass(eq=False)
+class Feed:
+    clients: set[Client] = field(default_factory=set)
+    # task id -> the encoded data of its latest snapshot, for the active tasks only.
+    active: dict[str, str] = field(default_factory=dict)
+    live: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class TaskStreams:
+    """The gateway's shared task watches, one per session with at least one client."""
+
+    def __init__(self, stub: pb_grpc.SchedulerServiceStub, buffer_frames: int) -> None:
+        self.stub = stub
+        self.buffer_frames = buffer_frames
+        self.feeds: dict[Session, Feed] = {}
+
+    async def _run(self, key: Session, feed: Feed) -> None:
+        call = self.stub.WatchTasks(pb.WatchTasksRequest(agent_id=key[0], session_id=key[1]))
+        TASK_WATCHES.inc()
+        ending: bytes | None = None
+        try:
+            # The scheduler sends the initial metadata once it has subscribed.
+            await call.initial_metadata()
+            feed.live.set()
+            async for event in call:
+                task = event.task
+                data = json.dumps({"task": slim_task_json(task)})
+                if task.state in FINISHED:
+                    feed.active.pop(task.task_id, None)
+                elif feed.active.get(task.task_id) == data:
+                    continue  # nothing a slim event shows has changed (e.g. a telemetry observation)
+                else:
+                    feed.active[task.task_id] = data
+                chunk = frame(data, EVENT_NAMES.get(event.type, "task.event"), str(event.sequence))
+                for i, client in enumerate(list(feed.clients)):
+                    self._offer(feed, client, chunk)
+                    if i % FANOUT_SLICE == FANOUT_SLICE - 1:
+                        # Let the control path (a REST cancel, a create) run between slices: the
+                        # writers woken so far are all that is queued ahead of it, not every client.
+                        await asyncio.sleep(0)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                ending = error_frame(exc.code().name, exc.details() or "")
+        finally:
+            TASK_WATCHES.dec()
+            call.cancel()
+            if self.feeds.get(key) is feed:
+                del self.feeds[key]
+            for client in feed.clients:
+                self._end(client, ending)
+
+    def _offer(self, feed: Feed, client: Client, chunk: bytes) -> None:
+        try:
+            client.queue.put_nowait(chunk)
+        except asyncio.QueueFull:
+            # Its writer drains the queue as fast as the client reads: this one is stuck. End it.
+            feed.clients.discard(client)
+            SSE_DROPPED.labels("tasks").inc()
+            log.warning("task_stream_client_too_slow", buffer_frames=self.buffer_frames)
+            self._end(client, error_frame("STREAM_TOO_SLOW", "reconnect to start again from fresh snapshots"))
+
+    @staticmethod
+    def _end(client: Client, last: bytes | None) -> None:
+        while not client.queue.empty():
+            client.queue.get_nowait()
+        if last is not None:
+            client.queue.put_nowait(last)
+        client.queue.put_nowait(None)
+
+    async def join(self, agent_id: str, session_id: str) -> tuple[Feed, Client] | None:
+        """Joined to the live feed, with the active tasks' snapshots queued; None if it could not start."""
+        key = (agent_id, session_id)
+        feed = self.feeds.get(key)
+        if feed is None:
+            feed = self.feeds[key] = Feed()
+            feed.task = asyncio.create_task(self._run(key, feed), name=f"task-watch-{agent_id}/{session_id}")
+        task = feed.task
+        assert task is not None
+        if not feed.live.is_set():
+            live = asyncio.ensure_future(feed.live.wait())
+            try:
+                await asyncio.wait([live, task], timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                live.cancel()
+        if not feed.live.is_set() or task.done():
+            if not feed.clients and not task.done():
+                self._close(key, feed)
+            return None
+        # One step (no await): the snapshots so far, then every later event.
+        client = Client(asyncio.Queue(maxsize=max(self.buffer_frames, len(feed.active) + 1)))
+        for data in feed.active.values():
+            client.queue.put_nowait(frame(data, "task.snapshot", "0"))
+        feed.clients.add(client)
+        return feed, client
+
+    def leave(self, key: Session, feed: Feed, client: Client) -> None:
+        feed.clients.discard(client)
+        if not feed.clients:
+            self._close(key, feed)
+
+    def _close(self, key: Session, feed: Feed) -> None:
+        # The last client left: close the shared stream; the next client opens a new one.
+        if self.feeds.get(key) is feed:
+            del self.feeds[key]
+        if feed.task is not None:
+            feed.task.cancel()
+
+    async def open(self, agent_id: str, session_id: str) -> Subscription:
+        """A client's frames, joined to the live feed already (so its response may start)."""
+        key = (agent_id, session_id)
+        joined = await self.join(agent_id, session_id)
+        if joined is None:
+            return Subscription(self, key, None, None)
+        return Subscription(self, key, *joined)
+
+    async def close(self) -> None:
+        tasks = [f.task for f in self.feeds.values() if f.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Subscription:
+    """One client's frames: the active tasks' snapshots, then the session's events.
+
+    An async iterator whose ``aclose`` leaves the feed even when iteration never began
+    (a client gone before its response started).
+    """
+
+    def __init__(self, streams: TaskStreams, key: Session, feed: Feed | None, client: Client | None) -> None:
+        self.streams = streams
+        self.key = key
+        self.feed = feed
+        self.client = client
+        self.closed = False
+        if client is not None:
+            SSE_SUBSCRIBERS.labels("tasks").inc()
+
+    @property
+    def queue(self) -> asyncio.Queue[bytes | None]:
+        """The client's bounded queue, read by its SSE writer directly (no pump in between)."""
+        if self.client is None:
+            self.client = Client(asyncio.Queue())
+            self.client.queue.put_nowait(error_frame("UNAVAILABLE", "the task stream is not available; try again"))
+            self.client.queue.put_nowait(None)
+        return self.client.queue
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.closed:
+            raise StopAsyncIteration
+        if self.client is None:
+            self.closed = True
+            return error_frame("UNAVAILABLE", "the task stream is not available; try again")
+        chunk = await self.client.queue.get()
+        if chunk is None:
+            await self.aclose()
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.feed is not None and self.client is not None:
+            self.streams.leave(self.key, self.feed, self.client)
+            SSE_SUBSCRIBERS.labels("tasks").dec()

@@ -1,0 +1,55 @@
+"""The scheduler's Prometheus metrics, fed from one chokepoint: ``Runtime.published``.
+
+Every committed change reaches watchers through ``published`` (after commit), so the
+transition counter and the launch timings are observed there and nowhere else: a
+refused or rolled-back change is never counted. The tasks-by-state gauge and the
+watcher count are computed on scrape (``libs.metrics.ScrapeGauge``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from libs.metrics import LATENCY_BUCKETS
+from services.scheduler.domain import State, Task
+
+TRANSITIONS = Counter(
+    "taskgate_task_transitions_total",
+    "Committed task state changes by previous and new state (from=none: a task created)",
+    ["from", "to"],
+)
+LAUNCH_LATENCY = Histogram(
+    "taskgate_task_launch_latency_seconds",
+    "From a task becoming queued to its worker committed running (queue wait + spawn + identity + commit)",
+    buckets=LATENCY_BUCKETS,
+)
+QUEUE_WAIT = Histogram(
+    "taskgate_task_queue_wait_seconds",
+    "From a task becoming queued to the dispatcher starting its launch (waiting for a slot)",
+    buckets=LATENCY_BUCKETS,
+)
+
+
+class LifecycleMetrics:
+    """Observes committed changes; remembers when each task of this incarnation was queued."""
+
+    def __init__(self) -> None:
+        self.queued_since: dict[str, int] = {}  # task id -> ms it became queued
+
+    def published(self, event_type: str, at: int, previous: State | None, task: Task, now_ms: int) -> None:
+        if event_type != "task.state_changed":
+            return
+        if previous != task.state:
+            TRANSITIONS.labels(previous.value if previous is not None else "none", task.state.value).inc()
+        if task.state == State.QUEUED:
+            self.queued_since[task.task_id] = at
+        elif task.state == State.RUNNING and previous == State.QUEUED:
+            queued_at = self.queued_since.pop(task.task_id, None)
+            if queued_at is None and task.first_started_at == task.started_at:
+                queued_at = task.created_at  # queued by an earlier incarnation, first launch
+            if queued_at is not None:
+                # ``at`` of the running change is when its launch began (before the spawn).
+                QUEUE_WAIT.observe(max(0, at - queued_at) / 1000)
+                LAUNCH_LATENCY.observe(max(0, now_ms - queued_at) / 1000)
+        else:
+            self.queued_since.pop(task.task_id, None)

@@ -1,0 +1,180 @@
+"""Every service's /metrics, scraped from the running stack: the named metrics exist and move.
+
+Counters are shared with the other tests of the session's stack, so each check compares
+a scrape before with one after.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import Api
+from tests.support.stack import Stack
+
+EXPECTED = {
+    "scheduler": {
+        "taskgate_tasks",
+        "taskgate_task_transitions",
+        "taskgate_task_launch_latency_seconds",
+        "taskgate_task_queue_wait_seconds",
+        "taskgate_task_watchers",
+        "taskgate_rpc_duration_seconds",
+    },
+    "pending": {
+        "taskgate_pending_entries_registered",
+        "taskgate_pending_entry_claims",
+        "taskgate_pending_questions",
+        "taskgate_pending_open_entries",
+        "taskgate_pending_waiters",
+        "taskgate_rpc_duration_seconds",
+    },
+    "telemetry": {
+        "taskgate_telemetry_sample_seconds",
+        "taskgate_telemetry_sample_cpu_seconds",
+        "taskgate_telemetry_trees_sampled",
+        "taskgate_telemetry_watched_trees",
+        "taskgate_rpc_duration_seconds",
+    },
+    "notifier": {
+        "taskgate_notifier_delivery_attempts",
+        "taskgate_notifier_delivery_retries",
+        "taskgate_notifier_delivery_seconds",
+        "taskgate_rpc_duration_seconds",
+    },
+    "gateway": {
+        "taskgate_http_request_duration_seconds",
+        "taskgate_sse_subscribers",
+        "taskgate_sse_subscribers_dropped",
+        "taskgate_gateway_task_watches",
+    },
+}
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(stack: Stack, service: str) -> tuple[set[str], Samples]:
+    response = httpx.get(stack.metrics_url(service), timeout=10)
+    assert response.status_code == 200, response.text
+    families = list(text_string_to_metric_families(response.text))
+    samples = {(s.name, frozenset(s.labels.items())): s.value for f in families for s in f.samples}
+    return {f.name for f in families}, samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_every_service_serves_its_metrics(stack: Stack) -> None:
+    for service, names in EXPECTED.items():
+        present, _ = scrape(stack, service)
+        assert names <= present, (service, names - present)
+
+
+def test_a_task_moves_the_lifecycle_metrics(stack: Stack, api: Api) -> None:
+    _, before = scrape(stack, "scheduler")
+    task = api.create("metered", profile="exit-at-once")
+    api.wait_state(task["taskId"], "completed")
+
+    def moved() -> bool:
+        _, after = scrape(stack, "scheduler")
+        return value(after, "taskgate_task_transitions_total", **{"from": "running", "to": "completed"}) > value(
+            before, "taskgate_task_transitions_total", **{"from": "running", "to": "completed"}
+        )
+
+    eventually(moved)
+    _, after = scrape(stack, "scheduler")
+    for previous, state in [("none", "queued"), ("queued", "running"), ("running", "completed")]:
+        labels = {"from": previous, "to": state}
+        assert value(after, "taskgate_task_transitions_total", **labels) >= (
+            value(before, "taskgate_task_transitions_total", **labels) + 1
+        ), labels
+    for histogram in ("taskgate_task_launch_latency_seconds", "taskgate_task_queue_wait_seconds"):
+        assert value(after, f"{histogram}_count") >= value(before, f"{histogram}_count") + 1, histogram
+    assert value(after, "taskgate_tasks", state="completed") >= value(before, "taskgate_tasks", state="completed") + 1
+    create = {"method": "/taskgate.scheduler.v1.SchedulerService/CreateTask", "code": "OK"}
+    assert value(after, "taskgate_rpc_duration_seconds_count", **create) > value(
+        before, "taskgate_rpc_duration_seconds_count", **create
+    )
+    # The gateway timed the REST call by its route template (no task ids in labels).
+    _, gateway = scrape(stack, "gateway")
+    route = {"method": "POST", "route": "/api/v1/agents/{agentId}/sessions/{sessionId}/tasks", "status": "201"}
+    assert value(gateway, "taskgate_http_request_duration_seconds_count", **route) >= 1
+    _, telemetry = scrape(stack, "telemetry")
+    assert value(telemetry, "taskgate_telemetry_sample_seconds_count") > 0
+
+
+@contextmanager
+def task_stream(api: Api) -> Iterator[list[dict[str, object]]]:
+    """An open /tasks/events stream (headers received) whose frames a thread collects."""
+    frames: list[dict[str, object]] = []
+    client = httpx.Client(timeout=30)
+    request = client.build_request("GET", api.base + "/tasks/events", headers={"Authorization": f"Bearer {api.key}"})
+    response = client.send(request, stream=True)
+    assert response.status_code == 200
+
+    def read() -> None:
+        try:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    frames.append(json.loads(line[len("data: ") :]))
+        except httpx.HTTPError:
+            pass  # closed by the test
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield frames
+    finally:
+        response.close()
+        client.close()
+        reader.join(timeout=10)
+
+
+def test_task_streams_share_one_watch_and_send_slim_events(stack: Stack, api: Api) -> None:
+    def gauges() -> tuple[float, float, float]:
+        _, gateway = scrape(stack, "gateway")
+        _, scheduler = scrape(stack, "scheduler")
+        return (
+            value(gateway, "taskgate_sse_subscribers", stream="tasks"),
+            value(gateway, "taskgate_gateway_task_watches"),
+            value(scheduler, "taskgate_task_watchers"),
+        )
+
+    subscribers, watches, watchers = gauges()
+    with task_stream(api) as first:
+        assert gauges()[:2] == (subscribers + 1, watches + 1)
+        with task_stream(api) as second, task_stream(api) as third:
+            # Three clients of one session: still one stream to the scheduler (its count may
+            # still include a watcher of an earlier test that is going away, never two more).
+            now = gauges()
+            assert now[:2] == (subscribers + 3, watches + 1) and now[2] <= watchers + 1, (now, watchers)
+            task = api.create("slim", profile="exit-at-once", instructions="long instructions " * 50)
+            for frames in (first, second, third):
+                eventually(
+                    lambda frames=frames: any(
+                        f["task"]["taskId"] == task["taskId"] and f["task"]["state"] == "completed"  # type: ignore[index]
+                        for f in frames
+                    )
+                )
+            mine = [f["task"] for f in first if f["task"]["taskId"] == task["taskId"]]  # type: ignore[index]
+            for snapshot in mine:
+                assert isinstance(snapshot, dict)
+                assert {"taskId", "title", "state", "revision", "updatedAt"} <= set(snapshot), snapshot
+                assert not {"instructions", "result", "attempts", "execution"} & set(snapshot), snapshot
+        eventually(lambda: gauges()[:2] == (subscribers + 1, watches + 1))
+    # The last client gone: the gateway closes the shared watch too.
+    eventually(lambda: gauges()[:2] == (subscribers, watches))

@@ -1,0 +1,131 @@
+"""The gateway's shared task watch: one upstream stream per session, bounded fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gateway_http.task_stream import TaskStreams
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+
+
+class FakeCall:
+    """A WatchTasks call: live once ``initial_metadata`` returns, then the events put in."""
+
+    def __init__(self) -> None:
+        self.events: asyncio.Queue[pb.WatchTasksResponse] = asyncio.Queue()
+        self.cancelled = False
+
+    async def initial_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("x-taskgate-watch-live", "1"),)
+
+    def __aiter__(self) -> AsyncIterator[pb.WatchTasksResponse]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[pb.WatchTasksResponse]:
+        while True:
+            yield await self.events.get()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeScheduler:
+    def __init__(self) -> None:
+        self.calls: list[FakeCall] = []
+
+    def WatchTasks(self, request: pb.WatchTasksRequest, **_: Any) -> FakeCall:  # noqa: N802 - the stub's name
+        self.calls.append(FakeCall())
+        return self.calls[-1]
+
+
+def event(task_id: str, state: int, sequence: int, **task: Any) -> pb.WatchTasksResponse:
+    kind = pb.TASK_EVENT_TYPE_SNAPSHOT if sequence == 0 else pb.TASK_EVENT_TYPE_STATE_CHANGED
+    return pb.WatchTasksResponse(
+        sequence=sequence, type=kind, task=pb.Task(task_id=task_id, title="t", state=state, **task)
+    )
+
+
+def parse(chunk: bytes) -> tuple[str, dict[str, Any]]:
+    fields = dict(line.split(": ", 1) for line in chunk.decode().strip().splitlines())
+    return fields.get("event", ""), json.loads(fields["data"])
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_clients_of_a_session_share_one_watch_and_joiners_get_the_active_tasks() -> None:
+    scheduler = FakeScheduler()
+    streams = TaskStreams(scheduler, buffer_frames=16)  # type: ignore[arg-type]
+    first = await streams.open("a", "s")
+    call = scheduler.calls[0]
+    call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, 0, instructions="secret", result=pb.Result(text="r")))
+    call.events.put_nowait(event("t2", pb.TASK_STATE_QUEUED, 5))
+    call.events.put_nowait(event("t2", pb.TASK_STATE_COMPLETED, 6))
+    await settle()
+    second = await streams.open("a", "s")
+    assert len(scheduler.calls) == 1, "one upstream stream for the session"
+    got_first = [parse(await anext(first)) for _ in range(3)]
+    assert [(e, d["task"]["taskId"], d["task"]["state"]) for e, d in got_first] == [
+        ("task.snapshot", "t1", "running"),
+        ("task.state_changed", "t2", "queued"),
+        ("task.state_changed", "t2", "completed"),
+    ]
+    assert not {"instructions", "result"} & set(got_first[0][1]["task"]), "slim events"
+    # The joiner: the active task's latest snapshot (t2 has finished), then what follows.
+    assert parse(await anext(second))[1]["task"]["taskId"] == "t1"
+    call.events.put_nowait(event("t1", pb.TASK_STATE_COMPLETED, 7))
+    await settle()
+    for client in (first, second):
+        assert parse(await anext(client))[1]["task"]["state"] == "completed"
+    await first.aclose()
+    assert not call.cancelled
+    await second.aclose()
+    await settle()
+    assert call.cancelled and streams.feeds == {}, "the last client gone closes the shared watch"
+    await streams.close()
+
+
+async def test_a_slow_client_is_ended_and_the_others_are_not_held_back() -> None:
+    scheduler = FakeScheduler()
+    streams = TaskStreams(scheduler, buffer_frames=4)  # type: ignore[arg-type]
+    slow = await streams.open("a", "s")
+    fast = await streams.open("a", "s")
+    call = scheduler.calls[0]
+    received = []
+
+    async def read_fast() -> None:
+        async for chunk in fast:
+            received.append(parse(chunk)[1]["task"]["progress"]["text"])
+            if len(received) == 20:
+                return
+
+    reader = asyncio.create_task(read_fast())
+    for i in range(20):
+        call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, i + 1, progress=pb.Progress(text=str(i))))
+        await settle()
+    await asyncio.wait_for(reader, 5)
+    assert received == [str(i) for i in range(20)]
+    # The slow one never read: it gets an error frame and its end, not 20 frames.
+    name, data = parse(await anext(slow))
+    assert (name, data["error"]) == ("error", "STREAM_TOO_SLOW")
+    with pytest.raises(StopAsyncIteration):
+        await anext(slow)
+    await slow.aclose()
+    await fast.aclose()
+    await streams.close()
+
+
+async def test_a_client_gone_before_reading_still_leaves() -> None:
+    scheduler = FakeScheduler()
+    streams = TaskStreams(scheduler, buffer_frames=4)  # type: ignore[arg-type]
+    subscription = await streams.open("a", "s")
+    await subscription.aclose()  # never iterated: its response never started
+    await settle()
+    assert scheduler.calls[0].cancelled and streams.feeds == {}
