@@ -12,14 +12,16 @@ from libs.db import Database
 from libs.grpc_client import ClientSecurity
 from libs.grpc_server import serve
 from libs.startup import StopSignal, boot, migrate
+from services.scheduler.cron_servicer import CronServicer
+from services.scheduler.cron_store import MIGRATIONS
 from services.scheduler.engine import Engine
 from services.scheduler.failure_reports import FailureReportsClient
 from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
-from services.scheduler.store import MIGRATIONS, SchedulerStore
+from services.scheduler.store import SchedulerStore
 from services.scheduler.telemetry import TelemetryClient
 from services.scheduler.worker_api import WorkerSockets, start_worker_server
-from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from taskgate.scheduler.v1 import crons_pb2, crons_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger("scheduler")
 
@@ -68,8 +70,12 @@ async def main() -> None:
 
     def register(server: object) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
+        crons_pb2_grpc.add_CronServiceServicer_to_server(CronServicer(engine.crons), server)
 
-    names = [scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name]
+    names = [
+        scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
+        crons_pb2.DESCRIPTOR.services_by_name["CronService"].full_name,
+    ]
     try:
         await serve(
             addr=settings.scheduler_addr,

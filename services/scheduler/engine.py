@@ -28,6 +28,7 @@ from libs.clock import Clock, SystemClock
 from libs.settings import Settings
 from services.scheduler import domain
 from services.scheduler.catalog import TaskCatalog, TaskPage
+from services.scheduler.crons import CronRunner
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
 from services.scheduler.launch import ALLOWED_ENV, Launcher
@@ -98,6 +99,7 @@ class Engine:
         self.watchers = Watchers(rt)
         self.log_follower = LogFollower(rt)
         self.question_closer = QuestionCloser(rt)
+        self.crons = CronRunner(rt, self.catalog, lambda task_id, cause: self.cancel(task_id, cause))
         self._loops: list[asyncio.Task[None]] = []
 
     @property
@@ -132,6 +134,8 @@ class Engine:
                 asyncio.create_task(self.question_closer.run(), name="question-closer"),
                 asyncio.create_task(self.recovery.legacy_adoption_loop(), name="legacy-adoption"),
             ]
+            if rt.settings.crons:
+                self._loops.append(asyncio.create_task(self.crons.loop(), name="crons"))
         rt.wake.set()
 
     async def shutdown(self) -> None:
