@@ -126,7 +126,7 @@ def hostile_profile() -> str:
     return f'command = {json.dumps(command)}\nuser = "nobody"'
 
 
-def make_stack(data_dir: Path, **tasks: int) -> Stack:
+def make_stack(data_dir: Path, extra_config: str = "", **tasks: int) -> Stack:
     settings = {
         "max_running": 4,
         "cancel_grace_ms": 1000,
@@ -138,7 +138,7 @@ def make_stack(data_dir: Path, **tasks: int) -> Stack:
     }
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "taskgate.toml"
-    config.write_text(TEST_CONFIG.format(behave=BEHAVE, hostile_profile=hostile_profile(), **settings))
+    config.write_text(TEST_CONFIG.format(behave=BEHAVE, hostile_profile=hostile_profile(), **settings) + extra_config)
     http_port = free_port()
     env = {
         "TASKGATE_CONFIG": str(config),
