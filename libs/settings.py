@@ -67,6 +67,33 @@ class TaskSettings(_Frozen):
         return raw
 
 
+class ContainerSpec(_Frozen):
+    """``container = {engine, image, mounts, ...}`` on a profile: the worker's command runs in a
+    container. Admission inspects the created container before it starts; a stop is proven by
+    the engine (see ``services/scheduler/containers.py``)."""
+
+    engine: Literal["docker", "podman"]
+    image: str = Field(min_length=1)
+    # The only bind mounts admitted: "HOST:CONTAINER" or "HOST:CONTAINER:ro".
+    mounts: list[str] = Field(default_factory=list)
+    # More `create` options, in order (admission judges their effect, e.g. a later
+    # `--security-opt no-new-privileges=false`).
+    options: list[str] = Field(default_factory=list)
+    # Global engine options before the subcommand (e.g. ["--runtime", "runc"]).
+    engine_args: list[str] = Field(default_factory=list)
+    # The engine's executable, when not on PATH under its name.
+    engine_path: str | None = None
+
+    @field_validator("mounts")
+    @classmethod
+    def _mount_syntax(cls, v: list[str]) -> list[str]:
+        for mount in v:
+            parts = mount.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                raise ValueError(f"a mount is HOST:CONTAINER[:ro|rw], got {mount!r}")
+        return v
+
+
 class WorkerProfile(_Frozen):
     command: list[str] = Field(min_length=1)
     harness: str | None = None
@@ -82,6 +109,8 @@ class WorkerProfile(_Frozen):
     group: str | None = None
     # The worker uses the SDK and must make first contact within first_report_timeout_ms.
     uses_sdk: bool = False
+    # Run the command in a container (admission and proof by the engine).
+    container: ContainerSpec | None = None
 
     @field_validator("command")
     @classmethod
