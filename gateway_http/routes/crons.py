@@ -28,6 +28,7 @@ from gateway_http.errors import ApiError, responses
 from gateway_http.schemas import ID_REGEX, PageQuery, PageSizeQuery
 from gateway_http.store import GatewayStore
 from libs.log import get_logger
+from libs.settings import Settings
 from taskgate.scheduler.v1 import crons_pb2 as pb
 
 log = get_logger("gateway_http.crons")
@@ -221,7 +222,7 @@ async def _next(call: Any) -> pb.RunCronResponse | None:
     return None if message is grpc.aio.EOF else message  # type: ignore[no-any-return]
 
 
-@router.post("/{cronId}/run", response_model=CronRunEnvelope)
+@router.post("/{cronId}/run", response_model=CronRunEnvelope, responses=responses(409))
 async def run_cron(
     request: Request,
     cronId: CronIdPath,
@@ -231,6 +232,10 @@ async def run_cron(
     """Run the job now and answer with the run once it has ended (completed, failed,
     cancelled, timed_out) — or CRON_OUTCOME_UNKNOWN when the answer was lost."""
     backends = _backends(request)
+    settings: Settings = request.app.state.settings
+    job = settings.crons.get(cronId)
+    if job is not None and job.agent in key.agents and not settings.agent(job.agent).orchestration_enabled:
+        raise ApiError(409, "ORCHESTRATION_DISABLED", "orchestration is disabled for the job's agent")
     store: GatewayStore = request.app.state.store
     secret = credentials.credentials.strip() if credentials is not None else ""
     channel = backends.channels["scheduler"]

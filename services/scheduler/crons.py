@@ -125,7 +125,7 @@ class CronRunner:
         now = self.rt.clock.now_ms()
         started: list[CronRun] = []
         for cron_id, job in self.jobs.items():
-            if not job.enabled:
+            if not job.enabled or not self.rt.settings.agent(job.agent).orchestration_enabled:
                 continue
             after = self._checked.get(cron_id, self._since)
             ticks, skipped = cron_domain.due_ticks(job.schedule, after, now)

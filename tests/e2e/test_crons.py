@@ -54,6 +54,13 @@ profile = "behave"
 instructions = {steps({"progress": "started"}, {"sleep": 6}, {"result": {"text": "slow done"}})}
 timeout_ms = 60000
 
+[crons.off]
+schedule = "* * * * * *"
+agent = "agent-off"
+session = "{SESSION}"
+title = "orchestration is off for this agent"
+profile = "true"
+
 [crons.other]
 schedule = "0 0 1 1 *"
 agent = "agent-2"
@@ -142,6 +149,12 @@ def test_jobs_and_history_only_for_the_keys_agents(cron_stack: Stack) -> None:
     assert missing.status_code == 404 and missing.json()["error"] == "CRON_NOT_FOUND"
     assert httpx.get(cron_stack.http_url + "/api/v1/crons", timeout=30).status_code == 401
     assert call(cron_stack, key1, "GET", "/api/v1/crons/report/runs?page_size=0").status_code == 400
+    # An agent with orchestration disabled: no manual run (409) and no scheduled one (every second).
+    key_off = create_key(cron_stack, "cron-off", "agent-off")
+    off = call(cron_stack, key_off, "POST", "/api/v1/crons/off/run")
+    assert off.status_code == 409 and off.json()["error"] == "ORCHESTRATION_DISABLED"
+    time.sleep(1.5)
+    assert call(cron_stack, key_off, "GET", "/api/v1/crons/off/runs").json()["total"] == 0
 
 
 def test_a_manual_run_answers_after_the_workers_result(cron_stack: Stack) -> None:
