@@ -13,7 +13,7 @@ from libs.grpc_client import REQUEST_ID_KEY, ClientSecurity, aio_channel
 from libs.settings import Settings
 from taskgate.notifier.v1 import notifier_pb2_grpc
 from taskgate.pending.v1 import pending_pb2_grpc
-from taskgate.scheduler.v1 import scheduler_pb2_grpc
+from taskgate.scheduler.v1 import crons_pb2_grpc, scheduler_pb2_grpc
 
 BACKEND_NAMES = ("scheduler", "pending", "telemetry", "notifier")
 
@@ -30,6 +30,7 @@ class Backends:
     pending: pending_pb2_grpc.PendingRegistryServiceStub
     notifier: notifier_pb2_grpc.NotifierServiceStub
     timeout_s: float
+    crons: crons_pb2_grpc.CronServiceStub
 
     @classmethod
     def open(cls, settings: Settings) -> Backends:
@@ -41,6 +42,7 @@ class Backends:
             pending=pending_pb2_grpc.PendingRegistryServiceStub(channels["pending"]),
             notifier=notifier_pb2_grpc.NotifierServiceStub(channels["notifier"]),
             timeout_s=settings.rpc_timeout_ms / 1000,
+            crons=crons_pb2_grpc.CronServiceStub(channels["scheduler"]),
         )
 
     async def health(self, timeout_s: float = 1.0) -> dict[str, str]:

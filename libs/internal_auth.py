@@ -30,6 +30,7 @@ AUTHORIZATION_KEY = "authorization"
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 _SCHEDULER = "/taskgate.scheduler.v1.SchedulerService/"
+_CRONS = "/taskgate.scheduler.v1.CronService/"
 _PENDING = "/taskgate.pending.v1.PendingRegistryService/"
 _TELEMETRY = "/taskgate.telemetry.v1.TelemetryAgentService/"
 _NOTIFIER = "/taskgate.notifier.v1.NotifierService/"
@@ -49,6 +50,7 @@ POLICY: dict[str, frozenset[str]] = {
         )
         | _methods(_PENDING, "AnswerQuestion", "GetQuestion", "GetSessionTask")
         | {_NOTIFIER + "*"}
+        | _methods(_CRONS, "ListCrons", "ListCronRuns", "RunCron")
     ),
     # The scheduler relays a worker's questions and registers process trees.
     "scheduler": frozenset(
@@ -68,7 +70,7 @@ POLICY: dict[str, frozenset[str]] = {
         )
     ),
     # The local operator (whoever can read the secrets directory): everything.
-    "operator": frozenset({_SCHEDULER + "*", _PENDING + "*", _TELEMETRY + "*", _NOTIFIER + "*"}),
+    "operator": frozenset({_SCHEDULER + "*", _CRONS + "*", _PENDING + "*", _TELEMETRY + "*", _NOTIFIER + "*"}),
 }
 IDENTITIES = tuple(POLICY)
 

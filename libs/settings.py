@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from libs.ids import ID_PATTERN
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "config" / "default.toml"
 ENV_PREFIX = "TASKGATE_"
@@ -72,6 +74,33 @@ class TaskSettings(_Frozen):
         return raw
 
 
+class ContainerSpec(_Frozen):
+    """``container = {engine, image, mounts, ...}`` on a profile: the worker's command runs in a
+    container. Admission inspects the created container before it starts; a stop is proven by
+    the engine (see ``services/scheduler/containers.py``)."""
+
+    engine: Literal["docker", "podman"]
+    image: str = Field(min_length=1)
+    # The only bind mounts admitted: "HOST:CONTAINER" or "HOST:CONTAINER:ro".
+    mounts: list[str] = Field(default_factory=list)
+    # More `create` options, in order (admission judges their effect, e.g. a later
+    # `--security-opt no-new-privileges=false`).
+    options: list[str] = Field(default_factory=list)
+    # Global engine options before the subcommand (e.g. ["--runtime", "runc"]).
+    engine_args: list[str] = Field(default_factory=list)
+    # The engine's executable, when not on PATH under its name.
+    engine_path: str | None = None
+
+    @field_validator("mounts")
+    @classmethod
+    def _mount_syntax(cls, v: list[str]) -> list[str]:
+        for mount in v:
+            parts = mount.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                raise ValueError(f"a mount is HOST:CONTAINER[:ro|rw], got {mount!r}")
+        return v
+
+
 class WorkerProfile(_Frozen):
     command: list[str] = Field(min_length=1)
     harness: str | None = None
@@ -87,12 +116,41 @@ class WorkerProfile(_Frozen):
     group: str | None = None
     # The worker uses the SDK and must make first contact within first_report_timeout_ms.
     uses_sdk: bool = False
+    # Run the command in a container (admission and proof by the engine).
+    container: ContainerSpec | None = None
 
     @field_validator("command")
     @classmethod
     def _no_empty_words(cls, v: list[str]) -> list[str]:
         if any(not w for w in v):
             raise ValueError("command words must not be empty")
+        return v
+
+
+class CronJob(_Frozen):
+    """An operator-declared ``[crons.ID]`` job: a task from this template on each tick of
+    ``schedule`` (cron syntax, UTC; a sixth field is seconds), and on a manual run."""
+
+    schedule: str
+    agent: str = Field(pattern=ID_PATTERN.pattern)
+    session: str = Field(pattern=ID_PATTERN.pattern)
+    title: str = Field(min_length=1, max_length=200)
+    instructions: str = ""
+    # Empty: the default worker profile.
+    profile: str = ""
+    # Bounds a run: past it the task is cancelled and the run ends timed_out (and a
+    # manual run's wait ends with it).
+    timeout_ms: int = Field(3_600_000, ge=100)
+    # false: never fired on its schedule; manual runs still work.
+    enabled: bool = True
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron_syntax(cls, v: str) -> str:
+        from croniter import croniter  # only settings that declare crons need it
+
+        if not croniter.is_valid(v):
+            raise ValueError(f"not a cron schedule: {v!r}")
         return v
 
 
@@ -210,6 +268,18 @@ class Settings(_Frozen):
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     notifier: NotifierSettings = Field(default_factory=NotifierSettings)  # type: ignore[arg-type]
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
+    crons: dict[str, CronJob] = Field(default_factory=dict)
+    # How often the scheduler looks for due cron ticks and finished or timed-out runs.
+    cron_poll_ms: int = Field(1_000, ge=10)
+
+    @model_validator(mode="after")
+    def _crons_valid(self) -> Settings:
+        for cron_id, cron in self.crons.items():
+            if not ID_PATTERN.fullmatch(cron_id):
+                raise ValueError(f"crons.{cron_id}: a cron id is 1-128 id characters")
+            if cron.profile and cron.profile not in self.workers:
+                raise ValueError(f"crons.{cron_id}.profile names {cron.profile!r}, which is not a [workers] entry")
+        return self
 
     @model_validator(mode="after")
     def _channels_exist(self) -> Settings:
@@ -259,7 +329,7 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
     raw["config_path"] = str(config_path) if config_path.exists() else None
     tasks = TaskSettings._aliases(dict(raw.get("tasks", {})))
     top_fields = set(Settings.model_fields) - {
-        "tasks", "workers", "agents", "config_path", "caller_secrets", "notifier", "channels"
+        "tasks", "workers", "agents", "config_path", "caller_secrets", "notifier", "channels", "crons"
     }
     caller_secrets: dict[str, str] = {}
     notifier = dict(raw.get("notifier", {}))

@@ -13,16 +13,18 @@ from libs.grpc_client import ClientSecurity
 from libs.grpc_server import serve
 from libs.metrics import register_scrape_gauge
 from libs.startup import StopSignal, boot, migrate
+from services.scheduler.cron_servicer import CronServicer
+from services.scheduler.cron_store import MIGRATIONS
 from services.scheduler.domain import State
 from services.scheduler.engine import Engine
 from services.scheduler.failure_reports import FailureReportsClient
 from services.scheduler.hosts import resolve_host_id
 from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
-from services.scheduler.store import MIGRATIONS, SchedulerStore
+from services.scheduler.store import SchedulerStore
 from services.scheduler.telemetry import TelemetryClient
 from services.scheduler.worker_api import WorkerSockets, start_worker_server
-from taskgate.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from taskgate.scheduler.v1 import crons_pb2, crons_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger("scheduler")
 
@@ -72,6 +74,7 @@ async def main() -> None:
 
     def register(server: object) -> None:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
+        crons_pb2_grpc.add_CronServiceServicer_to_server(CronServicer(engine.crons), server)
 
     async def tasks_by_state() -> dict[tuple[str, ...], float]:
         counts = await engine.runtime.store.count_by_state()
@@ -85,7 +88,10 @@ async def main() -> None:
         "taskgate_task_watchers", "Live WatchTasks subscriptions (session and task watchers)", [], watchers
     )
 
-    names = [scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name]
+    names = [
+        scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
+        crons_pb2.DESCRIPTOR.services_by_name["CronService"].full_name,
+    ]
     try:
         await serve(
             addr=settings.scheduler_addr,

@@ -28,11 +28,21 @@ class TaskCatalog:
 
     async def create_task(self, request: NewTask) -> Task:
         rt = self.rt
+        task, stored = await rt.store.create_task(self.new_task(request))
+        if stored is not None:
+            rt.never_asked.add(task.task_id)
+        rt.published(stored, task)
+        rt.wake.set()
+        return task
+
+    def new_task(self, request: NewTask) -> Task:
+        """The queued task a request makes (validated), not stored yet."""
+        rt = self.rt
         request = domain.validate_new_task(request, set(rt.settings.workers))
         now = rt.clock.now_ms()
         profile = rt.settings.workers[request.profile]
         workspace = Path(profile.workspace) if profile.workspace else rt.settings.agent_workspace(request.agent_id)
-        task = Task(
+        return Task(
             task_id=time_ordered_id(now),
             agent_id=request.agent_id,
             session_id=request.session_id,
@@ -48,12 +58,6 @@ class TaskCatalog:
             workspace_mode="profile" if profile.workspace else "agent",
             workspace_path=str(workspace),
         )
-        task, stored = await rt.store.create_task(task)
-        if stored is not None:
-            rt.never_asked.add(task.task_id)
-        rt.published(stored, task)
-        rt.wake.set()
-        return task
 
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         domain.validate_task_id(task_id)

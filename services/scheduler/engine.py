@@ -30,6 +30,7 @@ from libs.clock import Clock, SystemClock
 from libs.settings import Settings
 from services.scheduler import domain
 from services.scheduler.catalog import TaskCatalog, TaskPage
+from services.scheduler.crons import CronRunner
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
 from services.scheduler.hosts import EventRelay, HostIdInUse, HostLease, Listener, control_loop
@@ -107,6 +108,7 @@ class Engine:
         self.lease = HostLease(rt, self.recovery.reconcile_host_lost)
         self.listener: Listener | None = Listener(rt, store.db.url) if rt.multi_host else None
         self.relay = EventRelay(rt, LOG_GAP_WAIT_MS)
+        self.crons = CronRunner(rt, self.catalog, lambda task_id, cause: self.cancel(task_id, cause))
         self._loops: list[asyncio.Task[None]] = []
 
     @property
@@ -158,6 +160,8 @@ class Engine:
                     asyncio.create_task(self.relay.loop(), name="event-relay"),
                     asyncio.create_task(control_loop(rt, self.stopper.apply_requested_stops), name="requested-stops"),
                 ]
+            if rt.settings.crons:
+                self._loops.append(asyncio.create_task(self.crons.loop(), name="crons"))
         rt.wake.set()
 
     async def shutdown(self) -> None:

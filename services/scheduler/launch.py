@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 
 from libs.settings import WorkerProfile
-from services.scheduler import cgroups, domain, processes
+from services.scheduler import cgroups, containers, domain, processes
 from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutcome, State, Task
 from services.scheduler.runtime import LiveAttempt, Runtime, hash_token
 from services.scheduler.settling import Settler
@@ -155,8 +155,13 @@ class Launcher:
             try:
                 await rt.ownership.forking(attempt)
                 addr = rt.worker_addr(run_as.uid if run_as else None)
+                command = profile.command
+                if profile.container is not None:  # created and admitted first; refused -> nothing runs
+                    command = await containers.ContainerEngine(profile.container).prepare(
+                        containers.container_name(attempt_id), profile.command, Path(task.workspace_path)
+                    )
                 launched = await processes.launch(
-                    profile.command,
+                    command,
                     Path(task.workspace_path),
                     worker_env(os.environ, task, attempt, profile, run_as, addr),
                     log_path,

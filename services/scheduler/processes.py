@@ -300,10 +300,14 @@ class TreeStatus:
     unattributed: list[proctree.ProcStat] = field(default_factory=list)
     # Why the group cannot be signalled (identity mismatch, legacy record), if so.
     unsignallable: str = ""
+    # A container worker: why the engine does not prove its container stopped, if so.
+    container: str = ""
 
     @property
     def gone(self) -> bool:
-        return not self.group and not self.escaped and not self.in_cgroup and not self.unattributed
+        return (
+            not self.group and not self.escaped and not self.in_cgroup and not self.unattributed and not self.container
+        )
 
     def describe(self) -> str:
         parts = []
@@ -323,6 +327,8 @@ class TreeStatus:
             )
         if self.unsignallable:
             parts.append(self.unsignallable)
+        if self.container:
+            parts.append(self.container)
         return "; ".join(parts) or "no process remains"
 
 

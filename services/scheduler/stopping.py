@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 
 from libs.settings import WorkerProfile
-from services.scheduler import cgroups, domain, processes
+from services.scheduler import cgroups, containers, domain, processes
 from services.scheduler.domain import Attempt, Cancellation, PendingOutcome, State, Task
 from services.scheduler.runtime import LiveAttempt, Runtime
 from services.scheduler.settling import Settler
@@ -30,22 +30,48 @@ class Stopper:
     async def stop_tree(self, attempt: Attempt) -> processes.TreeStatus:
         """SIGTERM, SIGKILL after the grace, then look for proof (see ``processes.stop_tree``)."""
         cfg = self.rt.tasks_cfg
+        # A container is stopped through its engine first: killing its host-side client (and,
+        # in cgroup mode, the engine's monitor with it) would leave the engine unable to say.
+        container = await self.stop_container(attempt)
         status = await processes.stop_tree(
             attempt,
             cfg.cancel_grace_ms / 1000,
             cfg.cleanup_confirm_ms / 1000,
             ctx=self.rt.ownership.stop_context(),
         )
+        status.container = container
         if status.gone:
             self.rt.ownership.drop(attempt)
         return status
+
+    async def stop_container(self, attempt: Attempt) -> str:
+        """A container worker's container, stopped and proven by its engine ("" = proven or none).
+        The host-side client having exited proves nothing about the container."""
+        rt = self.rt
+        if not any(p.container for p in rt.settings.workers.values()):
+            return ""
+        # Not from the live attempt: its own exit may have forgotten it while this stop runs,
+        # and an earlier incarnation's attempt has none.
+        task = await rt.store.find_task(attempt.task_id)
+        profile = rt.settings.workers.get(task.profile) if task is not None else None
+        spec = profile.container if profile is not None else None
+        if spec is None:
+            return ""
+        grace_s = rt.tasks_cfg.cancel_grace_ms / 1000
+        name = containers.container_name(attempt.attempt_id)
+        why = await containers.ContainerEngine(spec).stop_and_prove(name, grace_s)
+        if why:
+            log.warning("container_stop_unproven", task_id=attempt.task_id, reason=why)
+        return why
 
     async def reap_leftovers(self, live: LiveAttempt) -> None:
         """Processes a worker leaves behind (group, cgroup, recorded daemons) end with it."""
         ownership = self.rt.ownership
         # A table read after the exit, shared with other exits and the supervisor tick.
+        container = await self.stop_container(live.attempt)  # the client's exit is not the container's
         table = await self.rt.scans.fresh()
         status = await asyncio.to_thread(processes.look, live.attempt, ownership.stop_context(), table)
+        status.container = container
         if status.gone:
             ownership.drop(live.attempt)
             if live.attempt.cgroup:

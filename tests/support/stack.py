@@ -185,8 +185,9 @@ METRICS_PORTS = {
 }
 
 
-def make_stack(data_dir: Path, metrics: bool = False, **tasks: int) -> Stack:
-    """A stack in ``data_dir``; ``metrics`` gives every service a /metrics port (off otherwise)."""
+def make_stack(data_dir: Path, metrics: bool = False, extra_config: str = "", **tasks: int) -> Stack:
+    """A stack in ``data_dir``; ``metrics`` gives every service a /metrics port (off otherwise);
+    ``extra_config`` is appended to its configuration file."""
     settings = {
         "max_running": 4,
         "cancel_grace_ms": 1000,
@@ -198,7 +199,7 @@ def make_stack(data_dir: Path, metrics: bool = False, **tasks: int) -> Stack:
     }
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "taskgate.toml"
-    config.write_text(TEST_CONFIG.format(behave=BEHAVE, hostile_profile=hostile_profile(), **settings))
+    config.write_text(TEST_CONFIG.format(behave=BEHAVE, hostile_profile=hostile_profile(), **settings) + extra_config)
     http_port = free_port()
     env = {
         "TASKGATE_CONFIG": str(config),

@@ -26,7 +26,7 @@ from services.telemetry_agent.sampler import Sampler
 from services.telemetry_agent.servicer import SERVICE_NAME, TelemetryAgentServicer
 from taskgate.notifier.v1 import notifier_pb2
 from taskgate.pending.v1 import pending_pb2
-from taskgate.scheduler.v1 import scheduler_pb2
+from taskgate.scheduler.v1 import crons_pb2, scheduler_pb2
 from taskgate.telemetry.v1 import telemetry_pb2 as pb
 from taskgate.telemetry.v1 import telemetry_pb2_grpc as pb_grpc
 from tests.support.procs import free_port
@@ -36,7 +36,7 @@ SECRETS = {"scheduler": "scheduler-secret", "gateway": "gateway-secret", "fronte
 
 def _all_methods() -> set[str]:
     methods = set()
-    for module in (scheduler_pb2, pending_pb2, notifier_pb2, pb):
+    for module in (scheduler_pb2, crons_pb2, pending_pb2, notifier_pb2, pb):
         for service in module.DESCRIPTOR.services_by_name.values():
             if service.name == "WorkerService":
                 continue  # token-authenticated, on the worker listener
