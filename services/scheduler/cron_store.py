@@ -111,7 +111,7 @@ class CronStore:
             if not _insert_run(s, run):
                 return None
             store._write_task(s, task, new=True)
-            return store._append_event(s, task, "task.state_changed", task.created_at)
+            return store._append_event(s, task, "task.state_changed", task.created_at, self.tasks.host_id)
 
         return await self._run(work)
 
