@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from libs import proctree
 from libs.clock import Clock, SystemClock
 from libs.settings import Settings
-from services.scheduler import domain
+from services.scheduler import domain, skills
 from services.scheduler.catalog import TaskCatalog, TaskPage
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
@@ -47,6 +47,7 @@ from services.scheduler.runtime import (
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
 from services.scheduler.store import SchedulerStore
+from services.scheduler.subtasks import SubTasks
 from services.scheduler.supervision import Supervisor
 from services.scheduler.watch import Watchers
 
@@ -98,6 +99,7 @@ class Engine:
         self.watchers = Watchers(rt)
         self.log_follower = LogFollower(rt)
         self.question_closer = QuestionCloser(rt)
+        self.subtasks = SubTasks(rt, self.catalog, self.stopper, self.reports)
         self._loops: list[asyncio.Task[None]] = []
 
     @property
@@ -162,6 +164,10 @@ class Engine:
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         return await self.catalog.get_task(task_id)
 
+    async def task_tree(self, task: Task) -> domain.TreeView:
+        """A task's direct sub-tasks and its tree's evidence (for its detail)."""
+        return await self.subtasks.tree(task)
+
     async def list_tasks(
         self, agent_id: str, session_id: str, page: int, page_size: int, include_finished: bool
     ) -> TaskPage:
@@ -179,7 +185,8 @@ class Engine:
     async def cancel(
         self, task_id: str, cause: str = domain.USER_CANCELED, replaced_by: str | None = None, wait_s: float = 0.0
     ) -> Task:
-        return await self.stopper.cancel(task_id, cause, replaced_by, wait_s)
+        # A task with unfinished sub-tasks stops them first (subtasks); otherwise a plain cancel.
+        return await self.subtasks.cancel(task_id, cause, replaced_by, wait_s)
 
     async def pause(self, task_id: str, wait_s: float = 0.0) -> Task:
         return await self.stopper.pause(task_id, wait_s)
@@ -210,8 +217,8 @@ class Engine:
     async def report_touched(self, token: str, paths: list[str]) -> None:
         await self.reports.report_touched(token, paths)
 
-    async def report_usage(self, token: str, usage: Usage) -> None:
-        await self.reports.report_usage(token, usage)
+    async def report_usage(self, token: str, usage: Usage, delta: bool = False) -> None:
+        await self.reports.report_usage(token, usage, delta)
 
     async def report_result(self, token: str, text: str, unresolved_background: bool) -> None:
         await self.reports.report_result(token, text, unresolved_background)
@@ -221,6 +228,20 @@ class Engine:
 
     async def await_answer(self, token: str, question_id: str, wait_s: float) -> str | None:
         return await self.reports.await_answer(token, question_id, wait_s)
+
+    async def skill_instructions(self, task: Task) -> str:
+        """A skill task's instructions: the skill's body, for its own worker only."""
+        assert task.skill is not None
+        return await skills.body(task.skill.name, skills.lookup(self.settings.skills, task.skill.name))
+
+    async def spawn_subtask(self, token: str, title: str, instructions: str, profile: str, request_id: str) -> Task:
+        return await self.subtasks.spawn(token, title, instructions, profile, request_id)
+
+    async def wait_subtask(self, token: str, task_id: str, wait_s: float) -> Task:
+        return await self.subtasks.wait(token, task_id, wait_s)
+
+    async def cancel_subtask(self, token: str, task_id: str) -> Task:
+        return await self.subtasks.cancel_own(token, task_id)
 
     # --- watching ------------------------------------------------------------
 

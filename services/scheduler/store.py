@@ -25,6 +25,7 @@ from services.scheduler.domain import (
     State,
     Task,
     TaskNotFound,
+    check_continuable,
     check_transition,
     closes_questions,
 )
@@ -74,6 +75,16 @@ MIGRATIONS = [
         # snapshot seek the session's active states instead of reading all its rows.
         ["CREATE INDEX ix_tasks_session_state ON tasks (agent_id, session_id, state, created_at)"],
     ),
+    # 4 belongs to the multi-host scheduling work (claims and leases); gaps are allowed.
+    Migration(
+        5,
+        "sub-task trees",
+        [
+            # A worker's sub-task points to its parent; a parent's detail and its cancel read them.
+            "ALTER TABLE tasks ADD COLUMN parent_task_id VARCHAR(32)",
+            "CREATE INDEX ix_tasks_parent ON tasks (parent_task_id, created_at)",
+        ],
+    ),
 ]
 
 # Every state a task can be in before it finishes: the default list and the watch
@@ -91,6 +102,7 @@ class TaskRow(SQLModel, table=True):
     created_at: int = Field(sa_type=BigInteger)
     updated_at: int = Field(sa_type=BigInteger)
     doc: str
+    parent_task_id: str | None = None
 
 
 class AttemptRow(SQLModel, table=True):
@@ -180,6 +192,7 @@ def _write_task(session: Session, task: Task, new: bool = False) -> None:
                 "created_at": task.created_at,
                 "updated_at": task.updated_at,
                 "doc": doc,
+                "parent_task_id": task.parent_task_id,
             },
         )
     else:
@@ -218,6 +231,17 @@ def _rows(session: Session, stmt: Any, params: dict[str, Any] | None = None) -> 
     return list(session.connection().execute(stmt, params or {}).all())
 
 
+def _link_continuation(s: Session, earlier_id: str, task: Task) -> None:
+    rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": earlier_id})
+    if not rows:
+        raise TaskNotFound("TASK_NOT_FOUND", f"no task {earlier_id}")
+    earlier = _task_from_row(rows[0])
+    check_continuable(earlier, task.agent_id, task.session_id)
+    earlier.continued_by_task_id = task.task_id
+    earlier.version += 1
+    _write_task(s, earlier)  # not a state change: updatedAt stays
+
+
 class SchedulerStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -231,8 +255,12 @@ class SchedulerStore:
 
     # --- tasks -------------------------------------------------------------
 
-    async def create_task(self, task: Task) -> tuple[Task, StoredEvent | None]:
-        """Insert a new queued task, or return the earlier one with the same request id."""
+    async def create_task(self, task: Task, continues: str | None = None) -> tuple[Task, StoredEvent | None]:
+        """Insert a new queued task, or return the earlier one with the same request id.
+
+        ``continues``: the finished task it continues gets ``continued_by_task_id`` in the
+        same transaction (refused when another task continued it first).
+        """
 
         def work(s: Session) -> tuple[Task, StoredEvent | None]:
             if task.request_id:
@@ -247,6 +275,8 @@ class SchedulerStore:
                 if existing:
                     return _task_from_row(existing[0]), None
             _write_task(s, task, new=True)
+            if continues is not None:
+                _link_continuation(s, continues, task)
             return task, _append_event(s, task, "task.state_changed", task.created_at)
 
         try:
@@ -308,6 +338,29 @@ class SchedulerStore:
                 .limit(page_size),
             )
             return total, [_task_from_row(r) for r in rows]
+
+        return await self._run(work)
+
+    async def children_of(self, parent_ids: list[str]) -> list[Task]:
+        """The direct sub-tasks of ``parent_ids``, oldest first (``ix_tasks_parent``)."""
+        if not parent_ids:
+            return []
+
+        def work(s: Session) -> list[Task]:
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.doc)
+                .where(TASKS.c.parent_task_id.in_(parent_ids))
+                .order_by(TASKS.c.created_at, TASKS.c.task_id),
+            )
+            return [_task_from_row(r) for r in rows]
+
+        return await self._run(work)
+
+    async def count_children(self, parent_id: str) -> int:
+        def work(s: Session) -> int:
+            query = sa.select(func.count()).select_from(TASKS).where(TASKS.c.parent_task_id == parent_id)
+            return int(_rows(s, query)[0][0])
 
         return await self._run(work)
 
@@ -386,6 +439,7 @@ class SchedulerStore:
                 return before, None
             if after.state != before.state:
                 check_transition(before.state, after.state, legacy_adoption)
+                after.updated_at = max(after.updated_at, at)  # updatedAt moves with every state change
             after.version = before.version + 1
             _write_task(s, after)
             if attempt is not None:
