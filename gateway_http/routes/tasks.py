@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import grpc
@@ -90,6 +91,10 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
             request_id=body.requestId or "",
             harness=body.harness or "",
             harness_model=body.harnessModel or "",
+            continue_task_id=body.continueTaskId or "",
+            skill=pb.SkillInvocation(name=body.skill.name, args_json=json.dumps(body.skill.args))
+            if body.skill is not None
+            else None,
         ),
         timeout=backends.timeout_s,
         metadata=request_metadata(request),
