@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ progress_stale_limit_ms = {progress_stale_limit_ms}
 max_duration_ms = {max_duration_ms}
 background_grace_ms = {background_grace_ms}
 idle_timeout_ms = {idle_timeout_ms}
+project_root = "{project_root}"
+max_subtask_depth = 2
+max_subtasks_per_task = 2
 
 [workers.default-worker]
 command = ["python", "-m", "examples.workers.demo"]
@@ -36,6 +40,26 @@ command = ["python", "-m", "examples.workers.demo"]
 [workers.behave]
 command = ["python", "{behave}"]
 uses_sdk = true
+
+[workers.behave-codex]
+command = ["python", "{behave}"]
+harness = "codex"
+harness_model = "gpt-x"
+
+[workers.worktree]
+command = ["python", "{behave}"]
+workspace_policy = "isolated-worktree"
+
+[workers.worktree-nogit]
+command = ["python", "{behave}"]
+workspace_policy = "isolated-worktree"
+project_root = "{plain_dir}"
+
+[skills.review]
+profile = "behave"
+instructions_file = "{skill_file}"
+cli = true
+args_schema = {{ target = {{ type = "string", required = true }}, depth = {{ type = "integer" }} }}
 
 [workers.hostile]
 {hostile_profile}
@@ -126,6 +150,34 @@ def hostile_profile() -> str:
     return f'command = {json.dumps(command)}\nuser = "nobody"'
 
 
+# A skill's body: steps for the behave worker, with a marker that must never leave the scheduler.
+SKILL_BODY_MARKER = "SKILL-BODY-7f3a9c-never-shown"
+
+
+def git_project(path: Path) -> Path:
+    """A Git repository with one commit (the isolated-worktree profiles' project)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "README.md").write_text("project\n")
+    git = ["git", "-c", "user.name=taskgate", "-c", "user.email=t@example.invalid", "-C", str(path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "README.md"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "init"], check=True)
+    return path
+
+
+def plain_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def skill_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The worker writes what it was assigned next to the body (a test reads it).
+    out = path.parent / "assigned.json"
+    path.write_text(json.dumps([{"note": SKILL_BODY_MARKER}, {"write_assignment": str(out)}]))
+    return path
+
+
 def make_stack(data_dir: Path, **tasks: int) -> Stack:
     settings = {
         "max_running": 4,
@@ -138,7 +190,16 @@ def make_stack(data_dir: Path, **tasks: int) -> Stack:
     }
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "taskgate.toml"
-    config.write_text(TEST_CONFIG.format(behave=BEHAVE, hostile_profile=hostile_profile(), **settings))
+    config.write_text(
+        TEST_CONFIG.format(
+            behave=BEHAVE,
+            hostile_profile=hostile_profile(),
+            project_root=git_project(data_dir / "project"),
+            plain_dir=plain_dir(data_dir / "plain"),
+            skill_file=skill_file(data_dir / "skills" / "review.json"),
+            **settings,
+        )
+    )
     http_port = free_port()
     env = {
         "TASKGATE_CONFIG": str(config),
