@@ -18,7 +18,7 @@ from gateway_http import errors, openapi
 from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import channels, conversation, health, questions, sessions, tasks
+from gateway_http.routes import channels, conversation, dispatch, health, questions, sessions, tasks
 from gateway_http.store import GatewayStore
 from gateway_http.telegram import TelegramAdapter
 from libs.settings import Settings
@@ -84,5 +84,6 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.include_router(conversation.router)
     app.include_router(questions.router)
     app.include_router(channels.router)
+    app.include_router(dispatch.router)
     openapi.install(app, settings)
     return app

@@ -188,6 +188,20 @@ def task_json(t: pb.Task) -> dict[str, Any]:
     out["currentFilesystemVerified"] = False
     out["attempts"] = [attempt_json(a) for a in t.attempts]
     out["updatedAt"] = iso(t.update_time)
+    if t.HasField("gateway_target"):
+        g = t.gateway_target
+        out["gatewayTarget"] = _prune(
+            {
+                "adapter": g.adapter,
+                "nativeSessionId": g.native_session_id,
+                "displayName": g.display_name or None,
+                "options": dict(g.options),
+            }
+        )
+    if t.HasField("gateway_dispatch"):
+        out["gatewayDispatch"] = _prune(
+            {"requestId": t.gateway_dispatch.request_id, "submittedAt": iso(t.gateway_dispatch.submit_time)}
+        )
     for key, value in (
         ("continueTaskId", t.continue_task_id),
         ("continuedByTaskId", t.continued_by_task_id),

@@ -49,6 +49,8 @@ FIELD_REASONS = {
     "taskId": "INVALID_ID",
     "questionId": "INVALID_ID",
     "replacedByTaskId": "INVALID_ID",
+    "continueTaskId": "INVALID_ID",
+    "nativeSessionId": "INVALID_ID",
     "requestId": "INVALID_ID",
     "page": "INVALID_PAGINATION",
     "page_size": "INVALID_PAGINATION",

@@ -103,6 +103,13 @@ class ErrorBody(_Closed):
 # --- request bodies ------------------------------------------------------------------
 
 
+class TargetBody(RequestBody):
+    name: str = Field(min_length=1, max_length=128, description="a configured [targets.NAME]")
+    nativeSessionId: str = Field(pattern=ID_REGEX, max_length=128, description="the target's own session id")
+    displayName: str | None = Field(default=None, max_length=200)
+    options: dict[str, str] = Field(default_factory=dict, max_length=32, description="merged over the target's")
+
+
 class SkillInvocation(RequestBody):
     name: str = Field(min_length=1, max_length=128, description="a configured skill")
     args: dict[str, str | int | float | bool] = Field(
@@ -133,6 +140,11 @@ class CreateTaskBody(RequestBody):
         min_length=32,
         max_length=32,
         description="a finished task of this session to continue, in its workspace (default profile: its profile)",
+    )
+    target: TargetBody | None = Field(
+        default=None,
+        description="a gateway-managed task: dispatched to this target, no worker (then no profile, skill, "
+        "continuation or harness)",
     )
     skill: SkillInvocation | None = Field(
         default=None,
@@ -256,6 +268,18 @@ class Usage(_Closed):
     outputTokens: int | None = None
 
 
+class GatewayTarget(_Closed):
+    adapter: str
+    nativeSessionId: str
+    displayName: str | None = None
+    options: dict[str, str]
+
+
+class GatewayDispatch(_Closed):
+    requestId: str
+    submittedAt: datetime | None = None
+
+
 class SkillRef(_Closed):
     """A skill task's public part: never the skill's body or its host paths."""
 
@@ -335,6 +359,8 @@ class Task(_Closed):
     updatedAt: datetime | None = Field(
         default=None, description="the latest state change or persisted tool activity, whichever is later"
     )
+    gatewayTarget: GatewayTarget | None = None
+    gatewayDispatch: GatewayDispatch | None = None
     continueTaskId: str | None = None
     continuedByTaskId: str | None = None
     parentTaskId: str | None = None

@@ -45,7 +45,7 @@ POLICY: dict[str, frozenset[str]] = {
     "gateway": frozenset(
         _methods(
             _SCHEDULER, "CreateTask", "GetTask", "ListTasks", "CancelTask", "RetryCleanup", "WatchTasks",
-            "PauseTask", "ResumeTask",
+            "PauseTask", "ResumeTask", "RecordDispatchOutcome",
         )
         | _methods(_PENDING, "AnswerQuestion", "GetQuestion", "GetSessionTask")
         | {_NOTIFIER + "*"}

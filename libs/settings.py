@@ -125,6 +125,34 @@ class SkillConfig(_Frozen):
     cli: bool = False
 
 
+class TargetConfig(_Frozen):
+    """A ``[targets.NAME]``: an external agent session a gateway-managed task is dispatched to.
+
+    ``http``: the scheduler POSTs the request (signed with ``secret``, HMAC-SHA256 in
+    ``X-Taskgate-Signature``, as webhooks are) to ``url``; the target reports the outcome to
+    ``POST /api/v1/dispatch/{requestId}/outcome`` on the gateway, signed the same way.
+    """
+
+    adapter: Literal["http"] = "http"
+    url: str
+    secret: str = Field(min_length=16)
+    options: dict[str, str] = Field(default_factory=dict)
+    display_name: str | None = None
+    # Discoverable and dispatchable only with a live grant and a local assignment (issue 13
+    # item 2, not built yet: a safemode target refuses every dispatch).
+    safemode: bool = False
+    # One POST of the request / how long an acknowledged request may wait for its outcome.
+    dispatch_timeout_ms: int = Field(10_000, ge=50)
+    outcome_timeout_ms: int = Field(3_600_000, ge=100)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("a url starts with http:// or https://")
+        return v
+
+
 class AgentConfig(_Frozen):
     workspace: str | None = None
     orchestration_enabled: bool = True
@@ -230,6 +258,7 @@ class Settings(_Frozen):
     notifier: NotifierSettings = Field(default_factory=NotifierSettings)  # type: ignore[arg-type]
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
     skills: dict[str, SkillConfig] = Field(default_factory=dict)
+    targets: dict[str, TargetConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _skills_name_profiles(self) -> Settings:

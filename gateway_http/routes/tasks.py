@@ -95,6 +95,14 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
             skill=pb.SkillInvocation(name=body.skill.name, args_json=json.dumps(body.skill.args))
             if body.skill is not None
             else None,
+            target=pb.TargetRequest(
+                name=body.target.name,
+                native_session_id=body.target.nativeSessionId,
+                display_name=body.target.displayName or "",
+                options=body.target.options,
+            )
+            if body.target is not None
+            else None,
         ),
         timeout=backends.timeout_s,
         metadata=request_metadata(request),

@@ -30,6 +30,8 @@ class TaskCatalog:
         """
         rt = self.rt
         settings = rt.settings
+        if request.target is not None and parent is None:
+            return await self._create_gateway_managed(request)
         skill_ref = None
         skill_cfg = None
         if request.skill_name is not None:
@@ -100,6 +102,54 @@ class TaskCatalog:
         finally:
             if plan.worktree_from is not None and not created:
                 await admission.remove_worktree(plan.worktree_from, workspace)  # refused, or a repeat won
+        if stored is not None:
+            rt.never_asked.add(task.task_id)
+        rt.published(stored, task)
+        rt.wake.set()
+        return task
+
+    async def _create_gateway_managed(self, request: NewTask) -> Task:
+        """A task for an operator-configured target: no profile, workspace or worker."""
+        rt = self.rt
+        target = domain.validate_target_request(request)
+        config = rt.settings.targets.get(target.name)
+        if config is None:
+            raise domain.InvalidArgument("UNKNOWN_TARGET", f"no target named {target.name!r}", field="target.name")
+        if config.safemode:
+            # Safemode grants and assignments are not built yet: never dispatchable.
+            raise domain.WorkerDenied(
+                "SAFEMODE_NOT_GRANTED", f"target {target.name!r} is in safemode; no grant allows this agent"
+            )
+        request = domain.validate_new_task(
+            replace(request, profile=domain.DEFAULT_PROFILE, target=None), {domain.DEFAULT_PROFILE}
+        )
+        now = rt.clock.now_ms()
+        task_id = time_ordered_id(now)
+        task = Task(
+            task_id=task_id,
+            agent_id=request.agent_id,
+            session_id=request.session_id,
+            title=request.title,
+            instructions=request.instructions,
+            profile=domain.GATEWAY_MANAGED,
+            state=State.QUEUED,
+            created_at=now,
+            updated_at=now,
+            request_id=request.request_id,
+            workspace_mode="none",
+            workspace_path="",
+            execution_type=domain.GATEWAY_MANAGED,
+            gateway_target=domain.GatewayTarget(
+                name=target.name,
+                adapter=config.adapter,
+                native_session_id=target.native_session_id,
+                display_name=target.display_name or config.display_name,
+                options={**config.options, **target.options},
+            ),
+            # The request id is the task id: the outcome callback finds its task by primary key.
+            gateway_dispatch=domain.GatewayDispatch(request_id=task_id),
+        )
+        task, stored = await rt.store.create_task(task)
         if stored is not None:
             rt.never_asked.add(task.task_id)
         rt.published(stored, task)

@@ -85,7 +85,7 @@ def task_to_pb(
         title=task.title,
         instructions=text(task.instructions),
         state=STATE_TO_PB[task.state],
-        execution_type=pb.EXECUTION_TYPE_WORKER,
+        execution_type=pb.EXECUTION_TYPE_GATEWAY_MANAGED if task.gateway_managed else pb.EXECUTION_TYPE_WORKER,
         target_profile=task.profile,
         harness=task.harness or "",
         harness_model=task.harness_model or "",
@@ -166,6 +166,23 @@ def task_to_pb(
         msg.result.CopyFrom(
             pb.Result(text=text(task.result.text), unresolved_background=task.result.unresolved_background)
         )
+    if task.gateway_target is not None:
+        g = task.gateway_target
+        msg.gateway_target.CopyFrom(
+            pb.GatewayTarget(
+                name=g.name,
+                adapter=g.adapter,
+                native_session_id=g.native_session_id,
+                display_name=g.display_name or "",
+                options=g.options,
+            )
+        )
+    if task.gateway_dispatch is not None:
+        msg.gateway_dispatch.CopyFrom(
+            pb.GatewayDispatch(
+                request_id=task.gateway_dispatch.request_id, submit_time=ts(task.gateway_dispatch.submitted_at)
+            )
+        )
     msg.continue_task_id = task.continue_task_id or ""
     msg.continued_by_task_id = task.continued_by_task_id or ""
     msg.parent_task_id = task.parent_task_id or ""
@@ -215,4 +232,14 @@ def usage_from_pb(req: pb.ReportUsageRequest) -> domain.Usage:
         input_tokens=req.input_tokens if req.HasField("input_tokens") else None,
         cached_input_tokens=req.cached_input_tokens if req.HasField("cached_input_tokens") else None,
         output_tokens=req.output_tokens if req.HasField("output_tokens") else None,
+    )
+
+
+def target_from_pb(req: pb.TargetRequest) -> domain.GatewayTarget:
+    return domain.GatewayTarget(
+        name=req.name,
+        adapter="",
+        native_session_id=req.native_session_id,
+        display_name=req.display_name or None,
+        options=dict(req.options),
     )

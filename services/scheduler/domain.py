@@ -140,6 +140,10 @@ class FailureCode(StrEnum):
     GATEWAY_SHUTDOWN = "GATEWAY_SHUTDOWN"
     GATEWAY_SHUTDOWN_REPEATED = "GATEWAY_SHUTDOWN_REPEATED"
     CLEANUP_UNCONFIRMED = "CLEANUP_UNCONFIRMED"
+    # Gateway-managed tasks: the target refused or could not be reached (nothing was delivered),
+    # or the request may have been delivered but its outcome was lost (never retried).
+    DISPATCH_FAILED = "DISPATCH_FAILED"
+    DISPATCH_OUTCOME_UNKNOWN = "DISPATCH_OUTCOME_UNKNOWN"
 
 
 class Progress(BaseModel):
@@ -258,6 +262,23 @@ class SkillRef(BaseModel):
     invocation: str | None = None
 
 
+WORKER = "worker"
+GATEWAY_MANAGED = "gateway-managed"
+
+
+class GatewayTarget(BaseModel):
+    name: str
+    adapter: str
+    native_session_id: str
+    display_name: str | None = None
+    options: dict[str, str] = Field(default_factory=dict)
+
+
+class GatewayDispatch(BaseModel):
+    request_id: str
+    submitted_at: int | None = None
+
+
 class PendingOutcome(BaseModel):
     """Where a stop that could not be confirmed leads once cleanup is proven."""
 
@@ -307,6 +328,11 @@ class Task(BaseModel):
     root_task_id: str | None = None
     depth: int = 0
     skill: SkillRef | None = None
+    # "worker" (a process) or "gateway-managed" (a request to an external agent session). A row
+    # written before gateway-managed tasks existed has neither field and reads as a worker task.
+    execution_type: str = WORKER
+    gateway_target: GatewayTarget | None = None
+    gateway_dispatch: GatewayDispatch | None = None
     # Every tool the task's workers reported, by name (exact; recent_tools keeps only the last few).
     tool_counts: dict[str, int] = Field(default_factory=dict)
     # Per-task revision of the stored snapshot: +1 on every committed change (store.update_task).
@@ -317,6 +343,10 @@ class Task(BaseModel):
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def gateway_managed(self) -> bool:
+        return self.execution_type == GATEWAY_MANAGED
 
     def elapsed_ms(self, now: int) -> int:
         if self.first_started_at is None:
@@ -339,6 +369,8 @@ class NewTask:
     # A skill task: the skill's name and its arguments as a JSON object (validated by ``skills``).
     skill_name: str | None = None
     skill_args_json: str | None = None
+    # A gateway-managed task: the [targets.NAME] and the external session it goes to.
+    target: GatewayTarget | None = None
 
 
 class WorkerGitProjectRequired(errors.InvalidArgument):
@@ -428,6 +460,7 @@ def validate_new_task(req: NewTask, known_profiles: set[str]) -> NewTask:
         continue_task_id=req.continue_task_id,
         skill_name=req.skill_name,
         skill_args_json=req.skill_args_json,
+        target=req.target,
     )
 
 
@@ -1083,3 +1116,58 @@ def check_spawn(parent: Task, children_so_far: int, settings: TaskSettings) -> N
             f"a task starts at most {settings.max_subtasks_per_task} sub-tasks",
             limit=str(settings.max_subtasks_per_task),
         )
+
+
+# --- gateway-managed tasks --------------------------------------------------------
+
+MAX_TARGET_OPTIONS = 32
+MAX_OUTCOME_TEXT_BYTES = MAX_RESULT_BYTES
+
+
+def validate_target_request(req: NewTask) -> GatewayTarget:
+    """A gateway-managed create names a target and an external session, and nothing of a worker."""
+    target = req.target
+    assert target is not None
+    if req.profile or req.skill_name or req.continue_task_id or req.harness or req.harness_model:
+        raise InvalidArgument(
+            "TARGET_EXCLUSIVE",
+            "a gateway-managed task names a target instead of a profile, skill, continuation or harness",
+            field="target",
+        )
+    validate_id("target.nativeSessionId", target.native_session_id)
+    if target.display_name is not None and len(target.display_name) > MAX_TITLE_CHARS:
+        raise InvalidArgument("FIELD_TOO_LONG", "target.displayName is longer than 200 characters")
+    if len(target.options) > MAX_TARGET_OPTIONS or any(
+        not k or len(k) > 100 or len(v) > 1000 for k, v in target.options.items()
+    ):
+        raise InvalidArgument(
+            "INVALID_TARGET_OPTIONS", "target.options: at most 32 entries, names 1-100 and values up to 1000 characters"
+        )
+    return target
+
+
+def dispatched(task: Task, now: int) -> Task:
+    """The request was committed as sent (before the POST: a crash after it is an unknown outcome)."""
+    start_running(task, now, now, None, None)
+    if task.gateway_dispatch is not None:
+        task.gateway_dispatch.submitted_at = now
+    return task
+
+
+def dispatch_outcome_unknown(detail: str) -> Failure:
+    return Failure(
+        code=FailureCode.DISPATCH_OUTCOME_UNKNOWN,
+        message=f"the request may have reached the target, but its outcome is unknown: {detail}",
+        retryable=False,
+    )
+
+
+def dispatch_failed(detail: str, retryable: bool) -> Failure:
+    return Failure(code=FailureCode.DISPATCH_FAILED, message=detail, retryable=retryable)
+
+
+def outcome_overdue(task: Task, timeout_ms: int, now: int) -> bool:
+    if not task.gateway_managed or task.state not in (State.RUNNING, State.WAITING_INPUT):
+        return False
+    sent = task.gateway_dispatch.submitted_at if task.gateway_dispatch else None
+    return sent is not None and now - sent >= timeout_ms

@@ -28,6 +28,7 @@ from libs.clock import Clock, SystemClock
 from libs.settings import Settings
 from services.scheduler import domain, skills
 from services.scheduler.catalog import TaskCatalog, TaskPage
+from services.scheduler.dispatch_targets import TargetDispatcher
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
 from services.scheduler.launch import ALLOWED_ENV, Launcher
@@ -99,7 +100,9 @@ class Engine:
         self.watchers = Watchers(rt)
         self.log_follower = LogFollower(rt)
         self.question_closer = QuestionCloser(rt)
-        self.subtasks = SubTasks(rt, self.catalog, self.stopper, self.reports)
+        self.targets = TargetDispatcher(rt, self.settler)
+        self.launcher.targets = self.targets
+        self.subtasks = SubTasks(rt, self.catalog, self.stopper, self.reports, self.targets)
         self._loops: list[asyncio.Task[None]] = []
 
     @property
@@ -133,6 +136,7 @@ class Engine:
                 asyncio.create_task(self.supervisor.loop(), name="supervisor"),
                 asyncio.create_task(self.question_closer.run(), name="question-closer"),
                 asyncio.create_task(self.recovery.legacy_adoption_loop(), name="legacy-adoption"),
+                asyncio.create_task(self.targets.loop(lambda: rt.closing), name="dispatch-deadlines"),
             ]
         rt.wake.set()
 
@@ -189,13 +193,25 @@ class Engine:
         return await self.subtasks.cancel(task_id, cause, replaced_by, wait_s)
 
     async def pause(self, task_id: str, wait_s: float = 0.0) -> Task:
+        domain.validate_task_id(task_id)
+        if (await self.store.get_task(task_id)).gateway_managed:
+            raise domain.InvalidTransition("PAUSE_NOT_SUPPORTED", "a gateway-managed task cannot be paused")
         return await self.stopper.pause(task_id, wait_s)
 
     async def resume(self, task_id: str) -> Task:
         return await self.stopper.resume(task_id)
 
     async def retry_cleanup(self, task_id: str) -> Task:
+        domain.validate_task_id(task_id)
+        if (await self.store.get_task(task_id)).gateway_managed:
+            return await self.targets.retry_cleanup(task_id)  # tell the target again
         return await self.stopper.retry_cleanup(task_id)
+
+    async def record_dispatch_outcome(self, request_id: str, body: bytes, signature: str) -> Task:
+        return await self.targets.record_outcome(request_id, body, signature)
+
+    async def check_dispatch_deadlines_once(self) -> int:
+        return await self.targets.overdue_once()
 
     async def recover(self) -> None:
         await self.recovery.recover()

@@ -105,6 +105,8 @@ class Recovery:
         rt = self.rt
         await self.recover_launches()
         for task in await rt.store.tasks_in_states(ACTIVE):
+            if task.gateway_managed:
+                continue  # no worker to stop; its outcome may still come (else its deadline ends it)
             attempts = await rt.store.attempts_of(task.task_id)
             attempt = attempts[-1] if attempts else None
             if attempt is not None and attempt.boot_id == rt.boot_id:

@@ -44,6 +44,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 continue_task_id=request.continue_task_id or None,
                 skill_name=request.skill.name if request.HasField("skill") else None,
                 skill_args_json=(request.skill.args_json or "{}") if request.HasField("skill") else None,
+                target=convert.target_from_pb(request.target) if request.HasField("target") else None,
             )
         )
         return pb.CreateTaskResponse(task=convert.task_to_pb(task, self._now()))
@@ -95,6 +96,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     ) -> pb.RetryCleanupResponse:
         task = await self.engine.retry_cleanup(request.task_id)
         return pb.RetryCleanupResponse(task=convert.task_to_pb(task, self._now()))
+
+    async def RecordDispatchOutcome(
+        self, request: pb.RecordDispatchOutcomeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecordDispatchOutcomeResponse:
+        task = await self.engine.record_dispatch_outcome(request.request_id, request.body, request.signature)
+        return pb.RecordDispatchOutcomeResponse(task_id=task.task_id, state=convert.STATE_TO_PB[task.state])
 
     async def WatchTasks(
         self, request: pb.WatchTasksRequest, context: grpc.aio.ServicerContext

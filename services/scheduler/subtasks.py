@@ -17,6 +17,7 @@ import structlog
 from libs.ids import ID_PATTERN
 from services.scheduler import domain
 from services.scheduler.catalog import TaskCatalog
+from services.scheduler.dispatch_targets import TargetDispatcher
 from services.scheduler.domain import TERMINAL, NewTask, State, Task
 from services.scheduler.reports import WorkerReports
 from services.scheduler.runtime import Runtime
@@ -30,11 +31,14 @@ MAX_SUB_REQUEST_ID = 64
 
 
 class SubTasks:
-    def __init__(self, rt: Runtime, catalog: TaskCatalog, stopper: Stopper, reports: WorkerReports) -> None:
+    def __init__(
+        self, rt: Runtime, catalog: TaskCatalog, stopper: Stopper, reports: WorkerReports, targets: TargetDispatcher
+    ) -> None:
         self.rt = rt
         self.catalog = catalog
         self.stopper = stopper
         self.reports = reports
+        self.targets = targets
 
     # --- what a worker calls -------------------------------------------------------
 
@@ -100,6 +104,9 @@ class SubTasks:
     async def cancel(self, task_id: str, cause: str, replaced_by: str | None, wait_s: float) -> Task:
         """Cancel a task; its unfinished sub-tasks (and theirs) are stopped first."""
         domain.validate_task_id(task_id)
+        task = await self.rt.store.get_task(task_id)
+        if task.gateway_managed:
+            return await self.targets.cancel(task_id, cause, replaced_by)  # a request: the target is told
         children = [c for c in await self.rt.store.children_of([task_id]) if c.state not in SETTLED]
         if not children:
             return await self.stopper.cancel(task_id, cause, replaced_by, wait_s)

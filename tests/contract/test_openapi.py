@@ -141,6 +141,9 @@ async def test_the_kinds_of_task_are_described(tmp_path: Path) -> None:
         schemas["Evidence"]["properties"]
     )
     assert {"retryable", "continueTaskId"} <= set(schemas["ErrorBody"]["properties"])
+    assert set(schemas["TargetBody"]["properties"]) == {"name", "nativeSessionId", "displayName", "options"}
+    assert {"gatewayTarget", "gatewayDispatch"} <= set(task)
+    assert set(schemas["GatewayDispatch"]["properties"]) == {"requestId", "submittedAt"}
 
 
 def test_without_configured_harnesses_or_skills_only_null_is_valid(document: dict[str, Any]) -> None:

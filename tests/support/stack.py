@@ -61,6 +61,19 @@ instructions_file = "{skill_file}"
 cli = true
 args_schema = {{ target = {{ type = "string", required = true }}, depth = {{ type = "integer" }} }}
 
+[targets.remote]
+adapter = "http"
+url = "http://127.0.0.1:{target_port}/dispatch"
+secret = "{target_secret}"
+display_name = "Remote agent"
+options = {{ tier = "default" }}
+dispatch_timeout_ms = 3000
+
+[targets.guarded]
+url = "http://127.0.0.1:{target_port}/dispatch"
+secret = "{target_secret}"
+safemode = true
+
 [workers.hostile]
 {hostile_profile}
 
@@ -93,6 +106,8 @@ class Stack:
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
     # Where the services' logs go (default: <data_dir>/logs); elsewhere when the data dir's disk fills.
     log_dir: Path | None = None
+    # Where the gateway-managed target `remote` is expected to listen (a test's local server).
+    target_port: int = 0
 
     def addr(self, name: str) -> str:
         return self.env[dict((n, e) for n, _, e in SERVICES)[name]]
@@ -152,6 +167,7 @@ def hostile_profile() -> str:
 
 # A skill's body: steps for the behave worker, with a marker that must never leave the scheduler.
 SKILL_BODY_MARKER = "SKILL-BODY-7f3a9c-never-shown"
+TARGET_SECRET = "target-secret-0123456789"
 
 
 def git_project(path: Path) -> Path:
@@ -189,6 +205,7 @@ def make_stack(data_dir: Path, **tasks: int) -> Stack:
         **tasks,
     }
     data_dir.mkdir(parents=True, exist_ok=True)
+    target_port = free_port()
     config = data_dir / "taskgate.toml"
     config.write_text(
         TEST_CONFIG.format(
@@ -197,6 +214,8 @@ def make_stack(data_dir: Path, **tasks: int) -> Stack:
             project_root=git_project(data_dir / "project"),
             plain_dir=plain_dir(data_dir / "plain"),
             skill_file=skill_file(data_dir / "skills" / "review.json"),
+            target_port=target_port,
+            target_secret=TARGET_SECRET,
             **settings,
         )
     )
@@ -210,4 +229,4 @@ def make_stack(data_dir: Path, **tasks: int) -> Stack:
     }
     for _, _, env_name in SERVICES:
         env[env_name] = f"127.0.0.1:{free_port()}"
-    return Stack(data_dir=data_dir, env=env, http_url=f"http://127.0.0.1:{http_port}")
+    return Stack(data_dir=data_dir, env=env, http_url=f"http://127.0.0.1:{http_port}", target_port=target_port)

@@ -9,15 +9,18 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, text
 
+from gateway_http.convert import task_json
 from gateway_http.store import MIGRATIONS as GATEWAY_MIGRATIONS
 from gateway_http.store import GatewayStore
 from libs.db import Database, Migration, migrate
 from services.notifier.domain import Kind, Notification
 from services.notifier.store import MIGRATIONS as NOTIFIER_MIGRATIONS
 from services.notifier.store import NotifierStore
+from services.scheduler.convert import task_to_pb
 from services.scheduler.domain import Attempt, InvalidTransition, State, Task
 from services.scheduler.store import MIGRATIONS as SCHEDULER_MIGRATIONS
 from services.scheduler.store import SchedulerStore, TaskRow
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from tests.support.postgres import fresh_database
 
 
@@ -160,6 +163,12 @@ async def test_a_row_written_by_an_older_version_still_reads(scheduler_db: Datab
         )
     task = await SchedulerStore(scheduler_db).get_task("9" * 32)
     assert task.title == "old" and task.recent_tools == [] and task.restart_resume is None
+    # Written before gateway-managed tasks, continuation, skills and trees: a plain worker task.
+    assert task.execution_type == "worker" and not task.gateway_managed and task.gateway_target is None
+    assert task.parent_task_id is None and task.skill is None and task.continued_by_task_id is None
+    snapshot = task_to_pb(task, 3)
+    assert snapshot.execution_type == pb.EXECUTION_TYPE_WORKER and not snapshot.HasField("gateway_target")
+    assert task_json(snapshot)["executionType"] == "worker" and "gatewayTarget" not in task_json(snapshot)
 
 
 def test_gateway_keys_are_stored_hashed_and_revocable(db_url: str) -> None:

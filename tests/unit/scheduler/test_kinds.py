@@ -174,3 +174,29 @@ async def test_admission_needs_a_git_project_with_a_commit(tmp_path: Path) -> No
     assert not tree.exists()
     shared = await admission.plan_workspace(settings, "p", WorkerProfile(command=["x"]), "agent", None, None)
     assert shared.mode == "agent", "default-worker needs no Git"
+
+
+def test_a_gateway_managed_create_names_only_a_target() -> None:
+    target = domain.GatewayTarget(name="remote", adapter="", native_session_id="s-1")
+    plain = domain.NewTask("a", "s", "t", "", "", None, None, None, target=target)
+    assert domain.validate_target_request(plain) is target
+    for extra in ({"profile": "p"}, {"skill_name": "x"}, {"continue_task_id": "c" * 32}, {"harness": "codex"}):
+        with pytest.raises(domain.InvalidArgument) as caught:
+            domain.validate_target_request(domain.NewTask(**{**plain.__dict__, **extra}))  # type: ignore[arg-type]
+        assert caught.value.reason == "TARGET_EXCLUSIVE"
+    many = target.model_copy(update={"options": {f"k{i}": "v" for i in range(33)}})
+    with pytest.raises(domain.InvalidArgument):
+        domain.validate_target_request(domain.NewTask("a", "s", "t", "", "", None, None, None, target=many))
+
+
+def test_an_unanswered_request_is_overdue_after_its_outcome_timeout() -> None:
+    sent = task(
+        state=State.RUNNING,
+        execution_type="gateway-managed",
+        gateway_dispatch={"request_id": "a" * 32, "submitted_at": 1000},
+    )
+    assert not domain.outcome_overdue(sent, 500, 1499)
+    assert domain.outcome_overdue(sent, 500, 1500)
+    assert not domain.outcome_overdue(task(state=State.RUNNING), 500, 10_000), "a worker task never is"
+    failure = domain.dispatch_outcome_unknown("lost")
+    assert failure.code == "DISPATCH_OUTCOME_UNKNOWN" and failure.retryable is False

@@ -312,7 +312,7 @@ class Execution(_message.Message):
     def __init__(self, available: _Optional[bool] = ..., reason: _Optional[str] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., historical: _Optional[bool] = ..., cpu_user_ticks: _Optional[int] = ..., cpu_system_ticks: _Optional[int] = ..., io_read_count: _Optional[int] = ..., io_write_count: _Optional[int] = ..., io_read_bytes: _Optional[int] = ..., io_write_bytes: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "agent_id", "session_id", "title", "instructions", "state", "execution_type", "target_profile", "progress", "activity", "execution", "inspection", "timing", "cancellation", "failure", "result", "pending_question", "harness", "harness_model", "workspace", "observed_paths", "current_filesystem_verified", "attempts", "update_time", "restart_resume", "version", "continue_task_id", "continued_by_task_id", "parent_task_id", "skill", "subagents", "evidence")
+    __slots__ = ("task_id", "agent_id", "session_id", "title", "instructions", "state", "execution_type", "target_profile", "progress", "activity", "execution", "inspection", "timing", "cancellation", "failure", "result", "pending_question", "harness", "harness_model", "workspace", "observed_paths", "current_filesystem_verified", "attempts", "update_time", "restart_resume", "version", "continue_task_id", "continued_by_task_id", "parent_task_id", "skill", "subagents", "evidence", "gateway_target", "gateway_dispatch")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +345,8 @@ class Task(_message.Message):
     SKILL_FIELD_NUMBER: _ClassVar[int]
     SUBAGENTS_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_TARGET_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_DISPATCH_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     agent_id: str
     session_id: str
@@ -377,10 +379,41 @@ class Task(_message.Message):
     skill: SkillRef
     subagents: _containers.RepeatedCompositeFieldContainer[Subagent]
     evidence: Evidence
-    def __init__(self, task_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., execution_type: _Optional[_Union[ExecutionType, str]] = ..., target_profile: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., activity: _Optional[_Union[Activity, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., inspection: _Optional[_Union[Inspection, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., cancellation: _Optional[_Union[Cancellation, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., pending_question: _Optional[_Union[PendingQuestion, _Mapping]] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., workspace: _Optional[_Union[Workspace, _Mapping]] = ..., observed_paths: _Optional[_Iterable[str]] = ..., current_filesystem_verified: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restart_resume: _Optional[_Union[RestartResume, _Mapping]] = ..., version: _Optional[int] = ..., continue_task_id: _Optional[str] = ..., continued_by_task_id: _Optional[str] = ..., parent_task_id: _Optional[str] = ..., skill: _Optional[_Union[SkillRef, _Mapping]] = ..., subagents: _Optional[_Iterable[_Union[Subagent, _Mapping]]] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ...) -> None: ...
+    gateway_target: GatewayTarget
+    gateway_dispatch: GatewayDispatch
+    def __init__(self, task_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., execution_type: _Optional[_Union[ExecutionType, str]] = ..., target_profile: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., activity: _Optional[_Union[Activity, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., inspection: _Optional[_Union[Inspection, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., cancellation: _Optional[_Union[Cancellation, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., pending_question: _Optional[_Union[PendingQuestion, _Mapping]] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., workspace: _Optional[_Union[Workspace, _Mapping]] = ..., observed_paths: _Optional[_Iterable[str]] = ..., current_filesystem_verified: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restart_resume: _Optional[_Union[RestartResume, _Mapping]] = ..., version: _Optional[int] = ..., continue_task_id: _Optional[str] = ..., continued_by_task_id: _Optional[str] = ..., parent_task_id: _Optional[str] = ..., skill: _Optional[_Union[SkillRef, _Mapping]] = ..., subagents: _Optional[_Iterable[_Union[Subagent, _Mapping]]] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., gateway_target: _Optional[_Union[GatewayTarget, _Mapping]] = ..., gateway_dispatch: _Optional[_Union[GatewayDispatch, _Mapping]] = ...) -> None: ...
+
+class GatewayTarget(_message.Message):
+    __slots__ = ("adapter", "native_session_id", "display_name", "options", "name")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    adapter: str
+    native_session_id: str
+    display_name: str
+    options: _containers.ScalarMap[str, str]
+    name: str
+    def __init__(self, adapter: _Optional[str] = ..., native_session_id: _Optional[str] = ..., display_name: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class GatewayDispatch(_message.Message):
+    __slots__ = ("request_id", "submit_time")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    submit_time: _timestamp_pb2.Timestamp
+    def __init__(self, request_id: _Optional[str] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateTaskRequest(_message.Message):
-    __slots__ = ("agent_id", "session_id", "title", "instructions", "profile", "request_id", "harness", "harness_model", "continue_task_id", "skill")
+    __slots__ = ("agent_id", "session_id", "title", "instructions", "profile", "request_id", "harness", "harness_model", "continue_task_id", "skill", "target")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +424,7 @@ class CreateTaskRequest(_message.Message):
     HARNESS_MODEL_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SKILL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     session_id: str
     title: str
@@ -401,7 +435,27 @@ class CreateTaskRequest(_message.Message):
     harness_model: str
     continue_task_id: str
     skill: SkillInvocation
-    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., continue_task_id: _Optional[str] = ..., skill: _Optional[_Union[SkillInvocation, _Mapping]] = ...) -> None: ...
+    target: TargetRequest
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., continue_task_id: _Optional[str] = ..., skill: _Optional[_Union[SkillInvocation, _Mapping]] = ..., target: _Optional[_Union[TargetRequest, _Mapping]] = ...) -> None: ...
+
+class TargetRequest(_message.Message):
+    __slots__ = ("name", "native_session_id", "display_name", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    native_session_id: str
+    display_name: str
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., native_session_id: _Optional[str] = ..., display_name: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SkillInvocation(_message.Message):
     __slots__ = ("name", "args_json")
@@ -704,6 +758,24 @@ class CancelSubtaskRequest(_message.Message):
     def __init__(self, task_id: _Optional[str] = ...) -> None: ...
 
 class CancelSubtaskResponse(_message.Message):
+    __slots__ = ("task_id", "state")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    state: TaskState
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ...) -> None: ...
+
+class RecordDispatchOutcomeRequest(_message.Message):
+    __slots__ = ("request_id", "body", "signature")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    body: bytes
+    signature: str
+    def __init__(self, request_id: _Optional[str] = ..., body: _Optional[bytes] = ..., signature: _Optional[str] = ...) -> None: ...
+
+class RecordDispatchOutcomeResponse(_message.Message):
     __slots__ = ("task_id", "state")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]

@@ -76,6 +76,11 @@ class SchedulerServiceStub:
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksRequest.SerializeToString,
                 response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksResponse.FromString,
                 _registered_method=True)
+        self.RecordDispatchOutcome = channel.unary_unary(
+                '/taskgate.scheduler.v1.SchedulerService/RecordDispatchOutcome',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -137,6 +142,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordDispatchOutcome(self, request, context):
+        """A gateway-managed task's target reports the request's outcome (relayed by the gateway);
+        the scheduler checks the target's signature over the body.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +192,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.WatchTasks,
                     request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksRequest.FromString,
                     response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksResponse.SerializeToString,
+            ),
+            'RecordDispatchOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordDispatchOutcome,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,6 +417,33 @@ class SchedulerService:
             '/taskgate.scheduler.v1.SchedulerService/WatchTasks',
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksRequest.SerializeToString,
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordDispatchOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.SchedulerService/RecordDispatchOutcome',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.FromString,
             options,
             channel_credentials,
             insecure,
