@@ -18,7 +18,7 @@ from gateway_http import errors, openapi
 from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import channels, conversation, dispatch, health, questions, sessions, tasks
+from gateway_http.routes import channels, conversation, dispatch, health, questions, sessions, targets, tasks
 from gateway_http.store import GatewayStore
 from gateway_http.telegram import TelegramAdapter
 from libs.settings import Settings
@@ -85,5 +85,6 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.include_router(questions.router)
     app.include_router(channels.router)
     app.include_router(dispatch.router)
+    app.include_router(targets.router)
     openapi.install(app, settings)
     return app

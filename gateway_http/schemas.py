@@ -280,6 +280,17 @@ class GatewayDispatch(_Closed):
     submittedAt: datetime | None = None
 
 
+class TargetInfo(_Closed):
+    name: str
+    adapter: str
+    displayName: str | None = None
+    safemode: bool
+
+
+class TargetList(_Closed):
+    targets: list[TargetInfo]
+
+
 class SkillRef(_Closed):
     """A skill task's public part: never the skill's body or its host paths."""
 

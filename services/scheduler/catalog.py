@@ -115,10 +115,10 @@ class TaskCatalog:
         config = rt.settings.targets.get(target.name)
         if config is None:
             raise domain.InvalidArgument("UNKNOWN_TARGET", f"no target named {target.name!r}", field="target.name")
-        if config.safemode:
-            # Safemode grants and assignments are not built yet: never dispatchable.
+        if config.safemode and not target.safemode_cleared:
+            # Grants and assignments live in the gateway (changed only by the operator CLI).
             raise domain.WorkerDenied(
-                "SAFEMODE_NOT_GRANTED", f"target {target.name!r} is in safemode; no grant allows this agent"
+                "SAFEMODE_NOT_GRANTED", f"target {target.name!r} is in safemode; no grant and assignment for this agent"
             )
         request = domain.validate_new_task(
             replace(request, profile=domain.DEFAULT_PROFILE, target=None), {domain.DEFAULT_PROFILE}
@@ -145,6 +145,7 @@ class TaskCatalog:
                 native_session_id=target.native_session_id,
                 display_name=target.display_name or config.display_name,
                 options={**config.options, **target.options},
+                safemode_cleared=config.safemode and target.safemode_cleared,
             ),
             # The request id is the task id: the outcome callback finds its task by primary key.
             gateway_dispatch=domain.GatewayDispatch(request_id=task_id),

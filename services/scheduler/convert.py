@@ -235,8 +235,9 @@ def usage_from_pb(req: pb.ReportUsageRequest) -> domain.Usage:
     )
 
 
-def target_from_pb(req: pb.TargetRequest) -> domain.GatewayTarget:
+def target_from_pb(req: pb.TargetRequest, safemode_cleared: bool) -> domain.GatewayTarget:
     return domain.GatewayTarget(
+        safemode_cleared=safemode_cleared,
         name=req.name,
         adapter="",
         native_session_id=req.native_session_id,

@@ -61,8 +61,9 @@ class TargetDispatcher:
     async def dispatch(self, task: Task, previous: list[Attempt]) -> bool:
         rt = self.rt
         target = self._target(task)
-        if target is None or target.safemode:
-            why = "is no longer configured" if target is None else "is in safemode (no grants exist yet)"
+        cleared = task.gateway_target is not None and task.gateway_target.safemode_cleared
+        if target is None or (target.safemode and not cleared):
+            why = "is no longer configured" if target is None else "was put in safemode after the task was created"
             await self.settler.finish(task.task_id, State.FAILED, domain.dispatch_failed(f"the target {why}", False))
             return False
         now = rt.clock.now_ms()

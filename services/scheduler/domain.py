@@ -272,6 +272,8 @@ class GatewayTarget(BaseModel):
     native_session_id: str
     display_name: str | None = None
     options: dict[str, str] = Field(default_factory=dict)
+    # A safemode target: the creating caller (the gateway) checked the agent's grant and assignment.
+    safemode_cleared: bool = False
 
 
 class GatewayDispatch(BaseModel):

@@ -44,7 +44,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 continue_task_id=request.continue_task_id or None,
                 skill_name=request.skill.name if request.HasField("skill") else None,
                 skill_args_json=(request.skill.args_json or "{}") if request.HasField("skill") else None,
-                target=convert.target_from_pb(request.target) if request.HasField("target") else None,
+                target=convert.target_from_pb(request.target, request.safemode_cleared)
+                if request.HasField("target")
+                else None,
             )
         )
         return pb.CreateTaskResponse(task=convert.task_to_pb(task, self._now()))

@@ -144,6 +144,8 @@ async def test_the_kinds_of_task_are_described(tmp_path: Path) -> None:
     assert set(schemas["TargetBody"]["properties"]) == {"name", "nativeSessionId", "displayName", "options"}
     assert {"gatewayTarget", "gatewayDispatch"} <= set(task)
     assert set(schemas["GatewayDispatch"]["properties"]) == {"requestId", "submittedAt"}
+    assert set(doc["paths"]["/api/v1/agents/{agentId}/targets"]) == {"get"}, "discovery only: REST changes no grant"
+    assert not [path for path in doc["paths"] if "safemode" in path or "dispatch" in path]
 
 
 def test_without_configured_harnesses_or_skills_only_null_is_valid(document: dict[str, Any]) -> None:

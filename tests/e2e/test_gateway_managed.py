@@ -19,7 +19,7 @@ import pytest
 
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.e2e.conftest import AGENT, SESSION, Api
+from tests.e2e.conftest import AGENT, SESSION, Api, run_cli
 from tests.support.stack import TARGET_SECRET
 
 
@@ -180,9 +180,78 @@ def test_refusals_before_anything_is_created(api: Api) -> None:
     cases = [
         ({"name": "nowhere", "nativeSessionId": "x"}, {}, 400, "UNKNOWN_TARGET"),
         ({"name": "remote", "nativeSessionId": "x"}, {"profile": "behave"}, 400, "TARGET_EXCLUSIVE"),
-        ({"name": "guarded", "nativeSessionId": "x"}, {}, 403, "SAFEMODE_NOT_GRANTED"),
         ({"name": "remote", "nativeSessionId": "bad id!"}, {}, 400, "INVALID_ID"),
     ]
     for body, extra, status, reason in cases:
         response = api.request("POST", "/tasks", json={"title": "t", "target": body, **extra})
         assert response.status_code == status and response.json()["error"] == reason, (body, response.text)
+
+
+def test_safemode_needs_a_live_grant_and_an_assignment_both_from_the_cli_only(api: Api, target: Target) -> None:
+    def create() -> httpx.Response:
+        return api.request(
+            "POST", "/tasks", json={"title": "guarded", "target": {"name": "guarded", "nativeSessionId": "ack"}}
+        )
+
+    def discoverable() -> list[str]:
+        response = httpx.get(
+            f"{api.stack.http_url}/api/v1/agents/{AGENT}/targets",
+            headers={"Authorization": f"Bearer {api.key}"},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        return [t["name"] for t in response.json()["targets"]]
+
+    def cli(*args: str) -> str:
+        result = run_cli(api.stack, "admin", "safemode", *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert discoverable() == ["remote"], "a safemode target is hidden without a grant and an assignment"
+    refused = create()
+    assert refused.status_code == 403 and refused.json()["error"] == "SAFEMODE_NOT_GRANTED", refused.text
+    with api.stack.channel("scheduler", "gateway") as channel:  # not around the gateway's check either
+        with pytest.raises(grpc.RpcError) as caught:
+            pb_grpc.SchedulerServiceStub(channel).CreateTask(
+                pb.CreateTaskRequest(
+                    agent_id=AGENT,
+                    session_id=SESSION,
+                    title="g",
+                    target=pb.TargetRequest(name="guarded", native_session_id="ack"),
+                ),
+                timeout=30,
+            )
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    cli("grant", "--agent", AGENT, "--target", "guarded")
+    assert create().status_code == 403 and "guarded" not in discoverable(), "a grant alone is not enough"
+    cli("assign", "--agent", AGENT, "--target", "guarded")
+    assert "guarded" in discoverable()
+    created = create()
+    assert created.status_code == 201, created.text
+    task_id = created.json()["task"]["taskId"]
+    target.wait_request("dispatch", task_id)
+    assert "live" in cli("list") and AGENT in cli("list")
+
+    cli("revoke", "--agent", AGENT, "--target", "guarded")
+    refused = create()
+    assert refused.status_code == 403 and refused.json()["error"] == "SAFEMODE_NOT_GRANTED", "stopped at once"
+    assert "guarded" not in discoverable()
+    cli("grant", "--agent", AGENT, "--target", "guarded", "--ttl-s", "1")
+    assert create().status_code == 201
+    time.sleep(1.2)
+    assert create().status_code == 403, "an expired grant is not live"
+    cli("grant", "--agent", AGENT, "--target", "guarded")
+    cli("unassign", "--agent", AGENT, "--target", "guarded")
+    assert create().status_code == 403
+
+    # REST cannot change them: there is no such operation.
+    for method, path in (
+        ("POST", f"/api/v1/agents/{AGENT}/safemode/guarded"),
+        ("PUT", f"/api/v1/agents/{AGENT}/targets"),
+    ):
+        response = httpx.request(
+            method, f"{api.stack.http_url}{path}", headers={"Authorization": f"Bearer {api.key}"}, json={}, timeout=30
+        )
+        assert response.status_code in (404, 405), (path, response.status_code)
+    api.request("POST", f"/tasks/{task_id}/cancel", json={})

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, text
 
+from gateway_http import safemode  # noqa: F401 - registers the safemode table models
 from gateway_http.convert import task_json
 from gateway_http.store import MIGRATIONS as GATEWAY_MIGRATIONS
 from gateway_http.store import GatewayStore
@@ -221,7 +222,7 @@ async def test_notifications_enqueue_once_per_key(db_url: str) -> None:
     ("migrations", "models"),
     [
         (SCHEDULER_MIGRATIONS, ["tasks", "attempts", "task_events"]),
-        (GATEWAY_MIGRATIONS, ["api_keys", "memberships"]),
+        (GATEWAY_MIGRATIONS, ["api_keys", "memberships", "safemode_grants", "safemode_assignments"]),
         (
             NOTIFIER_MIGRATIONS,
             ["notifications", "delivery_attempts", "messages", "responses", "activity", "conversation_events"],

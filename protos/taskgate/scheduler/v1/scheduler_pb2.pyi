@@ -413,7 +413,7 @@ class GatewayDispatch(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateTaskRequest(_message.Message):
-    __slots__ = ("agent_id", "session_id", "title", "instructions", "profile", "request_id", "harness", "harness_model", "continue_task_id", "skill", "target")
+    __slots__ = ("agent_id", "session_id", "title", "instructions", "profile", "request_id", "harness", "harness_model", "continue_task_id", "skill", "target", "safemode_cleared")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
@@ -425,6 +425,7 @@ class CreateTaskRequest(_message.Message):
     CONTINUE_TASK_ID_FIELD_NUMBER: _ClassVar[int]
     SKILL_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    SAFEMODE_CLEARED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     session_id: str
     title: str
@@ -436,7 +437,8 @@ class CreateTaskRequest(_message.Message):
     continue_task_id: str
     skill: SkillInvocation
     target: TargetRequest
-    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., continue_task_id: _Optional[str] = ..., skill: _Optional[_Union[SkillInvocation, _Mapping]] = ..., target: _Optional[_Union[TargetRequest, _Mapping]] = ...) -> None: ...
+    safemode_cleared: bool
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., continue_task_id: _Optional[str] = ..., skill: _Optional[_Union[SkillInvocation, _Mapping]] = ..., target: _Optional[_Union[TargetRequest, _Mapping]] = ..., safemode_cleared: _Optional[bool] = ...) -> None: ...
 
 class TargetRequest(_message.Message):
     __slots__ = ("name", "native_session_id", "display_name", "options")
