@@ -144,6 +144,8 @@ class TargetConfig(_Frozen):
     # One POST of the request / how long an acknowledged request may wait for its outcome.
     dispatch_timeout_ms: int = Field(10_000, ge=50)
     outcome_timeout_ms: int = Field(3_600_000, ge=100)
+    # > 0: also ask the target for the outcome (GET <url>/<requestId>) at this period.
+    poll_interval_ms: int = Field(0, ge=0)
 
     @field_validator("url")
     @classmethod

@@ -52,6 +52,10 @@ class TaskCatalog:
             domain.validate_task_id(request.continue_task_id)
             earlier = await rt.store.get_task(request.continue_task_id)
             domain.check_continuable(earlier, request.agent_id, request.session_id)
+            if earlier.gateway_managed:
+                raise domain.InvalidArgument(
+                    "CONTINUE_NOT_SUPPORTED", "a gateway-managed task has no workspace to continue in"
+                )
             if not request.profile:
                 request = replace(request, profile=earlier.profile)
         request = domain.validate_new_task(request, set(settings.workers))

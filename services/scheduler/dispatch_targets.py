@@ -52,6 +52,8 @@ class TargetDispatcher:
     def __init__(self, rt: Runtime, settler: Settler) -> None:
         self.rt = rt
         self.settler = settler
+        self._polled: dict[str, int] = {}  # task id -> when its target was last asked
+        self._cancelling: set[str] = set()  # cancels being told to their target right now
 
     def _target(self, task: Task) -> TargetConfig | None:
         return self.rt.settings.targets.get(task.gateway_target.name) if task.gateway_target else None
@@ -171,7 +173,7 @@ class TargetDispatcher:
     async def _end(
         self,
         task_id: str,
-        attempt: Attempt,
+        attempt: Attempt | None,
         outcome: str,
         state: State,
         failure: Failure | None,
@@ -179,9 +181,12 @@ class TargetDispatcher:
     ) -> Task:
         async with self.rt.locks[task_id]:
             attempts = await self.rt.store.attempts_of(task_id)
-            latest = attempts[-1] if attempts and attempts[-1].attempt_id == attempt.attempt_id else attempt
-            latest.state, latest.outcome = "ended", outcome
-            latest.ended_at = latest.ended_at or self.rt.clock.now_ms()
+            latest = attempt
+            if attempts and (attempt is None or attempts[-1].attempt_id == attempt.attempt_id):
+                latest = attempts[-1]
+            if latest is not None:
+                latest.state, latest.outcome = "ended", outcome
+                latest.ended_at = latest.ended_at or self.rt.clock.now_ms()
             return await self.settler.finish(task_id, state, failure, result=result, attempt=latest, only_from=LIVE)
 
     # --- the target's outcome (relayed by the gateway) -----------------------------------
@@ -241,11 +246,19 @@ class TargetDispatcher:
                 )
                 rt.published(stored, task)
                 return task
-            task, stored = await rt.store.update_task(
-                task_id, lambda t: domain.request_cancel(t, cancellation, now), "task.state_changed", now
-            )
+            self._cancelling.add(task_id)  # before the commit: the deadline loop must not tell it too
+            try:
+                task, stored = await rt.store.update_task(
+                    task_id, lambda t: domain.request_cancel(t, cancellation, now), "task.state_changed", now
+                )
+            except BaseException:
+                self._cancelling.discard(task_id)
+                raise
             rt.published(stored, task)
-        return await self._tell_cancel(task_id, PendingOutcome(state=State.CANCELLED))
+        try:
+            return await self._tell_cancel(task_id, PendingOutcome(state=State.CANCELLED))
+        finally:
+            self._cancelling.discard(task_id)
 
     async def retry_cleanup(self, task_id: str) -> Task:
         task = await self.rt.store.get_task(task_id)
@@ -284,23 +297,63 @@ class TargetDispatcher:
         rt = self.rt
         now = rt.clock.now_ms()
         ended = 0
-        for task in await rt.store.tasks_in_states(LIVE):
+        for task in await rt.store.tasks_in_states([*LIVE, State.CANCEL_REQUESTED]):
+            if task.gateway_managed and task.state == State.CANCEL_REQUESTED:
+                if task.task_id not in self._cancelling:
+                    # A cancel an earlier incarnation (or a failed attempt) did not finish telling.
+                    self._cancelling.add(task.task_id)
+                    rt.spawn(self._resume_cancel(task.task_id), f"cancel-{task.task_id}")
+                continue
             target = self._target(task)
             timeout = target.outcome_timeout_ms if target else 0
-            if not task.gateway_managed or not domain.outcome_overdue(task, timeout, now):
+            if not task.gateway_managed:
                 continue
-            attempts = await rt.store.attempts_of(task.task_id)
-            if not attempts:
+            if not domain.outcome_overdue(task, timeout, now):
+                if target is not None and target.poll_interval_ms:
+                    await self._poll(task, target, now)
                 continue
             await self._end(
                 task.task_id,
-                attempts[-1],
+                None,
                 "outcome_unknown",
                 State.FAILED,
                 domain.dispatch_outcome_unknown(f"no outcome within {timeout} ms"),
             )
             ended += 1
         return ended
+
+    async def _resume_cancel(self, task_id: str) -> None:
+        try:
+            await self._tell_cancel(task_id, PendingOutcome(state=State.CANCELLED))
+        except Exception:  # looked at again on the next pass
+            log.exception("cancel_resume_failed", task_id=task_id)
+        finally:
+            self._cancelling.discard(task_id)
+
+    async def _poll(self, task: Task, target: TargetConfig, now: int) -> None:
+        """Ask the target for the outcome (``GET <url>/<requestId>``, the request id signed).
+
+        A read: an error or a 404 only means "ask again later"; a JSON ``{"status": …}`` is
+        applied as if it had come through the callback.
+        """
+        if task.gateway_dispatch is None or now - self._polled.get(task.task_id, 0) < target.poll_interval_ms:
+            return
+        self._polled[task.task_id] = now
+        request_id = task.gateway_dispatch.request_id
+        headers = {"X-Taskgate-Signature": signature(target.secret, request_id.encode())}
+        try:
+            async with httpx.AsyncClient(timeout=target.dispatch_timeout_ms / 1000) as client:
+                response = await client.get(f"{target.url.rstrip('/')}/{request_id}", headers=headers)
+            doc = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return
+        if isinstance(doc, dict) and doc.get("status") in ("acknowledged", "answered", "failed"):
+            for name in ("text", "error"):
+                if name in doc and not isinstance(doc[name], str):
+                    return
+            await self._apply_outcome(task.task_id, doc)
+            if doc["status"] != "acknowledged":
+                self._polled.pop(task.task_id, None)
 
     async def loop(self, closing: Callable[[], bool]) -> None:
         interval = max(self.rt.tasks_cfg.supervisor_interval_ms, 1000) / 1000

@@ -32,11 +32,25 @@ class Target:
 
     def __init__(self, port: int) -> None:
         self.requests: list[tuple[str, dict[str, Any], bool]] = []  # (event, body, signature ok)
+        self.answers: dict[str, dict[str, Any]] = {}  # request id -> what a poll answers
+        self.polls: list[tuple[str, bool]] = []  # (request id, signature ok)
         target = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                request_id = self.path.rsplit("/", 1)[-1]
+                ok = hmac.compare_digest(self.headers.get("X-Taskgate-Signature", ""), sign(request_id.encode()))
+                target.polls.append((request_id, ok))
+                answer = target.answers.get(request_id)
+                data = json.dumps(answer or {"error": "not yet"}).encode()
+                self.send_response(200 if answer else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 raw = self.rfile.read(int(self.headers["Content-Length"]))
@@ -150,6 +164,21 @@ def test_an_answer_with_the_acknowledgement_and_a_lost_outcome(api: Api, target:
     assert len([r for r in target.requests if r[1].get("requestId") == lost["taskId"]]) == 1, "never sent again"
 
 
+def test_the_outcome_by_polling_the_target(api: Api, target: Target) -> None:
+    created = api.create("polled", target={"name": "polled", "nativeSessionId": "ack"})
+    task_id = created["taskId"]
+    target.wait_request("dispatch", task_id)
+    deadline = time.monotonic() + 15
+    while not any(rid == task_id for rid, _ in target.polls):
+        assert time.monotonic() < deadline, "the target is asked"
+        time.sleep(0.05)
+    assert api.get(task_id)["state"] == "running", "a 404 means: not yet"
+    target.answers[task_id] = {"status": "answered", "text": "polled answer"}
+    task = api.wait_state(task_id, "completed", "failed")
+    assert task["state"] == "completed" and task["result"]["text"] == "polled answer"
+    assert all(ok for rid, ok in target.polls if rid == task_id), "every poll is signed"
+
+
 def test_over_grpc_created_and_cancelled_with_the_target_told(api: Api, target: Target) -> None:
     with api.stack.channel("scheduler", "gateway") as channel:
         stub = pb_grpc.SchedulerServiceStub(channel)
@@ -207,7 +236,7 @@ def test_safemode_needs_a_live_grant_and_an_assignment_both_from_the_cli_only(ap
         assert result.returncode == 0, result.stderr
         return result.stdout
 
-    assert discoverable() == ["remote"], "a safemode target is hidden without a grant and an assignment"
+    assert discoverable() == ["polled", "remote"], "a safemode target is hidden without a grant and an assignment"
     refused = create()
     assert refused.status_code == 403 and refused.json()["error"] == "SAFEMODE_NOT_GRANTED", refused.text
     with api.stack.channel("scheduler", "gateway") as channel:  # not around the gateway's check either

@@ -69,6 +69,11 @@ display_name = "Remote agent"
 options = {{ tier = "default" }}
 dispatch_timeout_ms = 3000
 
+[targets.polled]
+url = "http://127.0.0.1:{target_port}/dispatch"
+secret = "{target_secret}"
+poll_interval_ms = 200
+
 [targets.guarded]
 url = "http://127.0.0.1:{target_port}/dispatch"
 secret = "{target_secret}"

@@ -200,3 +200,57 @@ def test_an_unanswered_request_is_overdue_after_its_outcome_timeout() -> None:
     assert not domain.outcome_overdue(task(state=State.RUNNING), 500, 10_000), "a worker task never is"
     failure = domain.dispatch_outcome_unknown("lost")
     assert failure.code == "DISPATCH_OUTCOME_UNKNOWN" and failure.retryable is False
+
+
+async def test_a_cancel_left_half_told_is_told_again_and_an_overdue_request_ends_unknown(tmp_path: Path) -> None:
+    """No process anywhere: the deadline loop ends an unanswered request DISPATCH_OUTCOME_UNKNOWN
+    and tells the target about a cancel an earlier incarnation left cancel_requested."""
+    from libs.clock import Clock
+    from libs.db import Database
+    from libs.settings import Settings, TargetConfig
+    from services.scheduler.engine import Engine
+    from services.scheduler.store import MIGRATIONS, SchedulerStore
+    from tests.support.procs import free_port
+
+    class At(Clock):
+        now = 10_000_000
+
+        def now_ms(self) -> int:
+            return self.now
+
+    # Nothing listens there: a cancel cannot be acknowledged.
+    url = f"http://127.0.0.1:{free_port()}/t"
+    settings = Settings(
+        data_dir=tmp_path,
+        targets={"t": TargetConfig(url=url, secret="s" * 16, outcome_timeout_ms=1000, dispatch_timeout_ms=500)},
+    )
+    db = Database(f"sqlite:///{tmp_path}/s.db", MIGRATIONS)
+    db.migrate()
+    clock = At()
+    engine = Engine(settings, SchedulerStore(db), clock=clock)
+    try:
+        store = engine.store
+        gateway = {"name": "t", "adapter": "http", "native_session_id": "n"}
+        for task_id, state in (("a" * 32, State.RUNNING), ("b" * 32, State.CANCEL_REQUESTED)):
+            row = task(
+                task_id,
+                state=state,
+                execution_type="gateway-managed",
+                gateway_target=gateway,
+                gateway_dispatch={"request_id": task_id, "submitted_at": clock.now},
+                cancellation={"requested_at": clock.now, "cause": "user_canceled"} if state != State.RUNNING else None,
+            )
+            await store.create_task(row)
+        clock.now += 999
+        assert await engine.check_dispatch_deadlines_once() == 0
+        clock.now += 1
+        assert await engine.check_dispatch_deadlines_once() == 1
+        await engine.runtime.drain_background()
+        overdue = await store.get_task("a" * 32)
+        assert overdue.state == State.FAILED and overdue.failure is not None
+        assert overdue.failure.code == "DISPATCH_OUTCOME_UNKNOWN" and not overdue.failure.retryable
+        told = await store.get_task("b" * 32)
+        assert told.state == State.NEEDS_RECONCILIATION and told.failure is not None
+        assert told.failure.code == "CLEANUP_UNCONFIRMED" and "did not acknowledge" in told.failure.message
+    finally:
+        db.close()
