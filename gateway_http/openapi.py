@@ -127,9 +127,14 @@ def _routing_enums(doc: dict[str, Any], settings: Settings) -> None:
         _string_choices(props["harnessModel"], models)
         if not settings.skills and "skill" in props:
             props["skill"] = {"type": "null", "description": "no skill is configured"}
+        if not settings.targets and "target" in props:
+            props["target"] = {"type": "null", "description": "no gateway-managed target is configured"}
     skill = schemas.get("SkillInvocation")
     if skill is not None and settings.skills:
         skill["properties"]["name"]["enum"] = sorted(settings.skills)
+    target = schemas.get("TargetBody")
+    if target is not None and settings.targets:
+        target["properties"]["name"]["enum"] = sorted(settings.targets)
 
 
 TASKS = "/api/v1/agents/{agentId}/sessions/{sessionId}/tasks"

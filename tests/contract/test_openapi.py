@@ -152,3 +152,4 @@ def test_without_configured_harnesses_or_skills_only_null_is_valid(document: dic
     body = document["components"]["schemas"]["CreateTaskBody"]["properties"]
     assert body["harness"]["anyOf"] == [{"type": "null"}]
     assert body["skill"]["type"] == "null"
+    assert body["target"]["type"] == "null"
