@@ -38,6 +38,8 @@ from services.scheduler.settling import Settler
 log = structlog.get_logger("scheduler")
 
 LIVE = (State.RUNNING, State.WAITING_INPUT)
+OUTCOMES = ("acknowledged", "question", "answered", "failed")
+ANSWER_POLL_S = 25.0
 
 
 def signature(secret: str, body: bytes) -> str:
@@ -54,6 +56,8 @@ class TargetDispatcher:
         self.settler = settler
         self._polled: dict[str, int] = {}  # task id -> when its target was last asked
         self._cancelling: set[str] = set()  # cancels being told to their target right now
+        self._relaying: set[str] = set()  # tasks whose question's answer is awaited for the target
+        self._relays: set[asyncio.Task[None]] = set()
 
     def _target(self, task: Task) -> TargetConfig | None:
         return self.rt.settings.targets.get(task.gateway_target.name) if task.gateway_target else None
@@ -202,8 +206,8 @@ class TargetDispatcher:
             doc = json.loads(body)
         except ValueError:
             raise domain.InvalidArgument("INVALID_JSON", "the outcome is not JSON") from None
-        if not isinstance(doc, dict) or doc.get("status") not in ("acknowledged", "answered", "failed"):
-            raise domain.InvalidArgument("INVALID_OUTCOME", "status must be acknowledged, answered or failed")
+        if not isinstance(doc, dict) or doc.get("status") not in OUTCOMES:
+            raise domain.InvalidArgument("INVALID_OUTCOME", "status must be acknowledged, question, answered or failed")
         for name in ("text", "error"):
             if name in doc and not isinstance(doc[name], str):
                 raise domain.InvalidArgument("INVALID_OUTCOME", f"{name} must be a string")
@@ -218,6 +222,8 @@ class TargetDispatcher:
         if doc["status"] == "acknowledged":
             await self._acknowledged(task_id, attempt)
             return await self.rt.store.get_task(task_id)
+        if doc["status"] == "question":
+            return await self._ask(task, str(doc.get("text", "")))
         if doc["status"] == "answered":
             text = domain.clamp_utf8(str(doc.get("text", "")), domain.MAX_OUTCOME_TEXT_BYTES)
             log.info("dispatch_answered", task_id=task_id)
@@ -225,6 +231,93 @@ class TargetDispatcher:
         error = domain.clamp_utf8(str(doc.get("error") or "the target reported a failure"), 2000)
         log.info("dispatch_failed", task_id=task_id)
         return await self._end(task_id, attempt, "failed", State.FAILED, domain.dispatch_failed(error, False))
+
+    # --- questions from the target ------------------------------------------------------
+
+    async def _ask(self, task: Task, text: str) -> Task:
+        """The target asks the task's humans (outcome ``question``): the task waits for input as a
+        worker's would; the answer, once saved, is POSTed to the target (event ``answer``)."""
+        rt = self.rt
+        domain.validate_question(text)
+        if rt.questions is None:
+            raise errors.Unavailable("PENDING_REGISTRY_UNAVAILABLE", "no pending-registry is configured")
+        if task.state == State.WAITING_INPUT and task.pending_question and task.pending_question.text == text:
+            return task  # the same question again
+        domain.check_can_ask(task)
+        rt.never_asked.discard(task.task_id)
+        request_id = f"{task.task_id}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
+        question = await rt.questions.ask(task.task_id, task.session_id, text, request_id)
+        pending = domain.PendingQuestion(question_id=question.question_id, text=text, revision=question.revision)
+        now = rt.clock.now_ms()
+        task, stored = await rt.store.update_task(
+            task.task_id, lambda t: domain.wait_for_input(t, pending, now), "task.question", now
+        )
+        rt.published(stored, task)
+        self._relay_later(task.task_id)
+        return task
+
+    def _relay_later(self, task_id: str) -> None:
+        # Not a runtime background task: a long poll must not hold up shutdown (``close``).
+        if task_id not in self._relaying and not self.rt.closing:
+            self._relaying.add(task_id)
+            relay = asyncio.create_task(self._relay_answer(task_id), name=f"answer-{task_id}")
+            self._relays.add(relay)
+            relay.add_done_callback(self._relays.discard)
+
+    async def close(self) -> None:
+        """Shutdown: stop waiting for answers (a restart resumes the relays from the database)."""
+        for relay in list(self._relays):
+            relay.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
+
+    async def _relay_answer(self, task_id: str) -> None:
+        """Wait for the saved answer, hand it to the target, then the task runs again. A failed
+        hand-over is retried (1 s doubling to 30 s) while the task still waits."""
+        rt = self.rt
+        backoff = 1.0
+        try:
+            while not rt.closing and rt.questions is not None:
+                task = await rt.store.get_task(task_id)
+                question = task.pending_question
+                target = self._target(task)
+                if task.state != State.WAITING_INPUT or question is None or target is None:
+                    return
+                saved = await rt.questions.await_answer(question.question_id, ANSWER_POLL_S)
+                if saved is None:
+                    continue
+                if not saved.answer:
+                    return  # closed without an answer (the task was cancelled)
+                assert task.gateway_dispatch is not None
+                body = json.dumps(
+                    {
+                        "requestId": task.gateway_dispatch.request_id,
+                        "questionId": question.question_id,
+                        "answer": str(saved.answer),
+                    }
+                ).encode()
+                try:
+                    response = await self._send(target, body, "answer", task.gateway_dispatch.request_id)
+                    delivered = response.is_success
+                except httpx.HTTPError:
+                    delivered = False
+                if not delivered:
+                    log.warning("answer_not_delivered", task_id=task_id)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                now = rt.clock.now_ms()
+
+                def change(t: Task, qid: str = question.question_id, at: int = now) -> Task | None:
+                    return t if domain.answer_delivered(t, qid, at) else None
+
+                async with rt.locks[task_id]:
+                    task, stored = await rt.store.update_task(task_id, change, "task.state_changed", now)
+                rt.published(stored, task)
+                return
+        except Exception:  # the deadline loop starts another relay on its next pass
+            log.exception("answer_relay_failed", task_id=task_id)
+        finally:
+            self._relaying.discard(task_id)
 
     # --- cancel ----------------------------------------------------------------------
 
@@ -308,6 +401,9 @@ class TargetDispatcher:
             timeout = target.outcome_timeout_ms if target else 0
             if not task.gateway_managed:
                 continue
+            if task.state == State.WAITING_INPUT:
+                self._relay_later(task.task_id)  # e.g. after a restart: the answer still reaches the target
+                continue
             if not domain.outcome_overdue(task, timeout, now):
                 if target is not None and target.poll_interval_ms:
                     await self._poll(task, target, now)
@@ -347,7 +443,7 @@ class TargetDispatcher:
             doc = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return
-        if isinstance(doc, dict) and doc.get("status") in ("acknowledged", "answered", "failed"):
+        if isinstance(doc, dict) and doc.get("status") in OUTCOMES:
             for name in ("text", "error"):
                 if name in doc and not isinstance(doc[name], str):
                     return

@@ -1169,7 +1169,9 @@ def dispatch_failed(detail: str, retryable: bool) -> Failure:
 
 
 def outcome_overdue(task: Task, timeout_ms: int, now: int) -> bool:
-    if not task.gateway_managed or task.state not in (State.RUNNING, State.WAITING_INPUT):
+    """A dispatched request has waited ``timeout_ms`` for its outcome since it was sent or since
+    the target last got an answer to its question. Waiting for a person is never overdue."""
+    if not task.gateway_managed or task.state != State.RUNNING:
         return False
     sent = task.gateway_dispatch.submitted_at if task.gateway_dispatch else None
-    return sent is not None and now - sent >= timeout_ms
+    return sent is not None and now - max(sent, task.updated_at) >= timeout_ms

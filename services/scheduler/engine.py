@@ -147,6 +147,7 @@ class Engine:
         for loop_task in self._loops:
             loop_task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        await self.targets.close()
         live = list(rt.live.values())
         await asyncio.gather(
             *(self.stopper.stop_and_settle(la, "shutdown", "the scheduler shut down") for la in live),

@@ -164,6 +164,35 @@ def test_an_answer_with_the_acknowledgement_and_a_lost_outcome(api: Api, target:
     assert len([r for r in target.requests if r[1].get("requestId") == lost["taskId"]]) == 1, "never sent again"
 
 
+def test_a_target_asks_a_question_and_gets_the_answer(api: Api, target: Target) -> None:
+    task_id = api.create("asks", target={"name": "remote", "nativeSessionId": "ack"})["taskId"]
+    target.wait_request("dispatch", task_id)
+    api.wait_state(task_id, "running")
+    asked = outcome(api, task_id, {"status": "question", "text": "Which branch?"})
+    assert asked.status_code == 200 and asked.json()["task"]["state"] == "waiting_input", asked.text
+    question = api.get(task_id)["pendingQuestion"]
+    assert question["text"] == "Which branch?"
+    assert outcome(api, task_id, {"status": "question", "text": "Which branch?"}).status_code == 200
+    assert api.get(task_id)["pendingQuestion"]["questionId"] == question["questionId"], "the same question"
+    answered = api.request(
+        "POST", f"/tasks/{task_id}/answer", json={"questionId": question["questionId"], "answer": "main"}
+    )
+    assert answered.status_code == 200, answered.text
+    doc, signed = target.wait_request("answer", task_id)
+    assert signed and doc["answer"] == "main" and doc["questionId"] == question["questionId"]
+    running = api.wait_state(task_id, "running")
+    assert "pendingQuestion" not in running
+    done = outcome(api, task_id, {"status": "answered", "text": "merged into main"})
+    assert done.json()["task"]["state"] == "completed"
+    deadline = time.monotonic() + 15
+    while True:
+        notes = api.request("GET", "/notifications?page_size=100").json()["notifications"]
+        if any(n["taskId"] == task_id and n["kind"] == "task.question" for n in notes):
+            break
+        assert time.monotonic() < deadline, [n for n in notes if n["taskId"] == task_id]
+        time.sleep(0.1)
+
+
 def test_the_outcome_by_polling_the_target(api: Api, target: Target) -> None:
     created = api.create("polled", target={"name": "polled", "nativeSessionId": "ack"})
     task_id = created["taskId"]

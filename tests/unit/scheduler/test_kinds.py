@@ -198,6 +198,10 @@ def test_an_unanswered_request_is_overdue_after_its_outcome_timeout() -> None:
     assert not domain.outcome_overdue(sent, 500, 1499)
     assert domain.outcome_overdue(sent, 500, 1500)
     assert not domain.outcome_overdue(task(state=State.RUNNING), 500, 10_000), "a worker task never is"
+    waiting = sent.model_copy(update={"state": State.WAITING_INPUT})
+    assert not domain.outcome_overdue(waiting, 500, 10_000), "waiting for a person is never overdue"
+    answered = sent.model_copy(update={"updated_at": 5000})
+    assert not domain.outcome_overdue(answered, 500, 5499), "the deadline restarts when the target got its answer"
     failure = domain.dispatch_outcome_unknown("lost")
     assert failure.code == "DISPATCH_OUTCOME_UNKNOWN" and failure.retryable is False
 
