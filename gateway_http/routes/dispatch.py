@@ -1,6 +1,6 @@
 """Where a gateway-managed task's target reports the outcome of a request.
 
-``POST /api/v1/dispatch/{requestId}/outcome`` with ``{"status": "acknowledged" | "answered" |
+``POST /api/v1/dispatch/{requestId}/outcome`` with ``{"status": "acknowledged" | "question" | "answered" |
 "failed", "text"?, "error"?}``, signed like webhooks (``X-Taskgate-Signature: sha256=<hex
 HMAC-SHA256 of the body with the target's secret>``). No API key: the signature is the
 credential, and the scheduler (which knows the request's target) checks it. An unknown request
