@@ -45,8 +45,8 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
-def grant(s: Session, agent_id: str, target: str, ttl_s: int | None) -> None:
-    now = _now()
+def grant(s: Session, agent_id: str, target: str, ttl_s: int | None, now: int | None = None) -> None:
+    now = _now() if now is None else now
     row = s.get(GrantRow, (agent_id, target))
     expires = now + ttl_s * 1000 if ttl_s else None
     if row is None:
@@ -98,9 +98,9 @@ def entries(s: Session) -> list[Entry]:
     return [Entry(a, t, _state(grants.get((a, t)), now), (a, t) in assigned) for a, t in keys]
 
 
-def cleared(s: Session, agent_id: str, target: str) -> bool:
+def cleared(s: Session, agent_id: str, target: str, now: int | None = None) -> bool:
     """A live grant and an assignment: the agent may see and dispatch to the target."""
-    live = _state(s.get(GrantRow, (agent_id, target)), _now()) == "live"
+    live = _state(s.get(GrantRow, (agent_id, target)), _now() if now is None else now) == "live"
     return live and s.get(AssignmentRow, (agent_id, target)) is not None
 
 
