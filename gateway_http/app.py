@@ -18,7 +18,19 @@ from gateway_http import errors, openapi
 from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
 from gateway_http.middleware import RequestContextMiddleware
-from gateway_http.routes import channels, conversation, crons, dashboard, health, me, questions, sessions, tasks
+from gateway_http.routes import (
+    channels,
+    conversation,
+    crons,
+    dashboard,
+    dispatch,
+    health,
+    me,
+    questions,
+    sessions,
+    targets,
+    tasks,
+)
 from gateway_http.store import GatewayStore
 from gateway_http.task_stream import TaskStreams
 from gateway_http.telegram import TelegramAdapter
@@ -91,5 +103,7 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
     app.include_router(me.router)
     app.include_router(dashboard.router)
     app.include_router(crons.router)
+    app.include_router(dispatch.router)
+    app.include_router(targets.router)
     openapi.install(app, settings)
     return app

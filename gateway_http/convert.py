@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,14 @@ def iso(stamp: Timestamp) -> str | None:
 
 def _prune(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def tool_json(t: pb.ToolEvent) -> dict[str, Any]:
@@ -179,6 +188,58 @@ def task_json(t: pb.Task) -> dict[str, Any]:
     out["currentFilesystemVerified"] = False
     out["attempts"] = [attempt_json(a) for a in t.attempts]
     out["updatedAt"] = iso(t.update_time)
+    if t.HasField("gateway_target"):
+        g = t.gateway_target
+        out["gatewayTarget"] = _prune(
+            {
+                "adapter": g.adapter,
+                "nativeSessionId": g.native_session_id,
+                "displayName": g.display_name or None,
+                "options": dict(g.options),
+            }
+        )
+    if t.HasField("gateway_dispatch"):
+        out["gatewayDispatch"] = _prune(
+            {"requestId": t.gateway_dispatch.request_id, "submittedAt": iso(t.gateway_dispatch.submit_time)}
+        )
+    for key, value in (
+        ("continueTaskId", t.continue_task_id),
+        ("continuedByTaskId", t.continued_by_task_id),
+        ("parentTaskId", t.parent_task_id),
+    ):
+        if value:
+            out[key] = value
+    if t.HasField("skill"):
+        out["skill"] = _prune(
+            {
+                "name": t.skill.name,
+                "args": _json_object(t.skill.args_json),
+                "invocation": t.skill.invocation or None,
+            }
+        )
+    if t.subagents:
+        out["subagents"] = [
+            _prune(
+                {
+                    "taskId": c.task_id,
+                    "title": c.title,
+                    "state": STATE_NAMES.get(c.state, "unknown"),
+                    "harness": c.harness or None,
+                    "harnessModel": c.harness_model or None,
+                }
+            )
+            for c in t.subagents
+        ]
+    if t.HasField("evidence"):
+        e = t.evidence
+        out["evidence"] = {
+            "skills": list(e.skills),
+            "subagents": list(e.subagents),
+            "subagentModels": list(e.subagent_models),
+            "toolCounts": [{"name": c.name, "count": c.count} for c in e.tool_counts],
+            "observedPaths": list(e.observed_paths),
+            "currentFilesystemVerified": False,
+        }
     out["version"] = t.version
     return out
 

@@ -49,6 +49,8 @@ FIELD_REASONS = {
     "taskId": "INVALID_ID",
     "questionId": "INVALID_ID",
     "replacedByTaskId": "INVALID_ID",
+    "continueTaskId": "INVALID_ID",
+    "nativeSessionId": "INVALID_ID",
     "requestId": "INVALID_ID",
     "page": "INVALID_PAGINATION",
     "page_size": "INVALID_PAGINATION",
@@ -78,18 +80,36 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str, message: str) -> None:
+    def __init__(self, status: int, error: str, message: str, extra: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.error = error
         self.message = message
+        self.extra = dict(extra or {})
 
 
-def error_response(status: int, error: str, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    error: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> JSONResponse:
     merged = dict(headers or {})
     if status == 401:
         merged["WWW-Authenticate"] = "Bearer"
-    return JSONResponse({"error": error, "message": message}, status_code=status, headers=merged or None)
+    body = {"error": error, "message": message, **(extra or {})}
+    return JSONResponse(body, status_code=status, headers=merged or None)
+
+
+def _error_extras(metadata: Mapping[str, str]) -> dict[str, Any]:
+    """The ErrorInfo metadata a client acts on: whether to retry, what to retry with."""
+    extra: dict[str, Any] = {}
+    if "retryable" in metadata:
+        extra["retryable"] = metadata["retryable"] == "true"
+    if "continueTaskId" in metadata:
+        extra["continueTaskId"] = metadata["continueTaskId"]
+    return extra
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> ApiError:
@@ -99,12 +119,13 @@ def from_rpc_error(exc: grpc.aio.AioRpcError) -> ApiError:
         return ApiError(500, "INTERNAL", "internal error")
     if status in (503, 504) and info is None:
         return ApiError(status, exc.code().name, "a backend service is unavailable; try again")
-    return ApiError(status, info.reason if info else exc.code().name, exc.details() or exc.code().name)
+    extra = _error_extras(dict(info.metadata)) if info else {}
+    return ApiError(status, info.reason if info else exc.code().name, exc.details() or exc.code().name, extra)
 
 
 async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status, exc.error, exc.message)
+    return error_response(exc.status, exc.error, exc.message, extra=exc.extra)
 
 
 async def rpc_error_handler(_: Request, exc: Exception) -> JSONResponse:
@@ -112,7 +133,7 @@ async def rpc_error_handler(_: Request, exc: Exception) -> JSONResponse:
     api = from_rpc_error(exc)
     if api.status == 500:
         log.error("backend_internal_error", code=exc.code().name)
-    return error_response(api.status, api.error, api.message)
+    return error_response(api.status, api.error, api.message, extra=api.extra)
 
 
 async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:

@@ -31,6 +31,7 @@ def install(app: FastAPI, settings: Settings) -> None:
             _api_errors(doc)
             _request_id_header(doc)
             _profile_enum(doc, sorted(settings.workers))
+            _routing_enums(doc, settings)
             _task_links(doc)
             app.openapi_schema = doc
         return app.openapi_schema
@@ -101,6 +102,39 @@ def _profile_enum(doc: dict[str, Any], profiles: list[str]) -> None:
     for option in field.get("anyOf", [field]):
         if option.get("type") == "string":
             option["enum"] = profiles
+
+
+def _string_choices(field: dict[str, Any], values: list[str]) -> None:
+    """A nullable string field takes only ``values`` (only null when there are none)."""
+    options = field.get("anyOf", [field])
+    if values:
+        for option in options:
+            if option.get("type") == "string":
+                option["enum"] = values
+    elif "anyOf" in field:
+        field["anyOf"] = [o for o in options if o.get("type") != "string"]
+
+
+def _routing_enums(doc: dict[str, Any], settings: Settings) -> None:
+    """Harnesses, models and skills a create may name: those the operator configured."""
+    schemas = doc.get("components", {}).get("schemas", {})
+    body = schemas.get("CreateTaskBody")
+    if body is not None:
+        props = body["properties"]
+        harnesses: list[str] = sorted({str(p.harness) for p in settings.workers.values() if p.harness})
+        models = sorted({p.harness_model for p in settings.workers.values() if p.harness_model})
+        _string_choices(props["harness"], harnesses)
+        _string_choices(props["harnessModel"], models)
+        if not settings.skills and "skill" in props:
+            props["skill"] = {"type": "null", "description": "no skill is configured"}
+        if not settings.targets and "target" in props:
+            props["target"] = {"type": "null", "description": "no gateway-managed target is configured"}
+    skill = schemas.get("SkillInvocation")
+    if skill is not None and settings.skills:
+        skill["properties"]["name"]["enum"] = sorted(settings.skills)
+    target = schemas.get("TargetBody")
+    if target is not None and settings.targets:
+        target["properties"]["name"]["enum"] = sorted(settings.targets)
 
 
 TASKS = "/api/v1/agents/{agentId}/sessions/{sessionId}/tasks"

@@ -94,9 +94,27 @@ class ErrorBody(_Closed):
 
     error: str = Field(description="an UPPER_SNAKE reason, e.g. INVALID_ID, NOT_A_MEMBER, ORCHESTRATION_DISABLED")
     message: str
+    retryable: bool | None = Field(
+        default=None, description="set when retrying the same request can succeed (WORKER_GIT_PROJECT_REQUIRED)"
+    )
+    continueTaskId: str | None = Field(default=None, description="the create's continueTaskId, echoed for the retry")
 
 
 # --- request bodies ------------------------------------------------------------------
+
+
+class TargetBody(RequestBody):
+    name: str = Field(min_length=1, max_length=128, description="a configured [targets.NAME]")
+    nativeSessionId: str = Field(pattern=ID_REGEX, max_length=128, description="the target's own session id")
+    displayName: str | None = Field(default=None, max_length=200)
+    options: dict[str, str] = Field(default_factory=dict, max_length=32, description="merged over the target's")
+
+
+class SkillInvocation(RequestBody):
+    name: str = Field(min_length=1, max_length=128, description="a configured skill")
+    args: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="checked against the skill's args_schema (400 INVALID_SKILL_ARGS)"
+    )
 
 
 class CreateTaskBody(RequestBody):
@@ -108,8 +126,30 @@ class CreateTaskBody(RequestBody):
     requestId: str | None = Field(
         default=None, pattern=ID_REGEX, max_length=128, description="idempotency key: the same id → the same task"
     )
-    harness: str | None = Field(default=None, max_length=100)
-    harnessModel: str | None = Field(default=None, max_length=100)
+    harness: str | None = Field(
+        default=None,
+        max_length=100,
+        description="routing, not a label: must be the chosen profile's harness (400 HARNESS_MISMATCH otherwise)",
+    )
+    harnessModel: str | None = Field(
+        default=None, max_length=100, description="must be the chosen profile's model (400 HARNESS_MISMATCH)"
+    )
+    continueTaskId: str | None = Field(
+        default=None,
+        pattern=UUID_HEX_REGEX,
+        min_length=32,
+        max_length=32,
+        description="a finished task of this session to continue, in its workspace (default profile: its profile)",
+    )
+    target: TargetBody | None = Field(
+        default=None,
+        description="a gateway-managed task: dispatched to this target, no worker (then no profile, skill, "
+        "continuation or harness)",
+    )
+    skill: SkillInvocation | None = Field(
+        default=None,
+        description="create from an operator-declared skill (then no instructions; profile is the skill's)",
+    )
 
 
 class CancelBody(RequestBody):
@@ -228,6 +268,61 @@ class Usage(_Closed):
     outputTokens: int | None = None
 
 
+class GatewayTarget(_Closed):
+    adapter: str
+    nativeSessionId: str
+    displayName: str | None = None
+    options: dict[str, str]
+
+
+class GatewayDispatch(_Closed):
+    requestId: str
+    submittedAt: datetime | None = None
+
+
+class TargetInfo(_Closed):
+    name: str
+    adapter: str
+    displayName: str | None = None
+    safemode: bool
+
+
+class TargetList(_Closed):
+    targets: list[TargetInfo]
+
+
+class SkillRef(_Closed):
+    """A skill task's public part: never the skill's body or its host paths."""
+
+    name: str
+    args: dict[str, str | int | float | bool]
+    invocation: str | None = None
+
+
+class Subagent(_Closed):
+    taskId: str
+    title: str
+    state: str = Field(json_schema_extra=TASK_STATES)
+    harness: str | None = None
+    harnessModel: str | None = None
+
+
+class ToolCount(_Closed):
+    name: str
+    count: int
+
+
+class Evidence(_Closed):
+    """Aggregated over a task and all its sub-tasks."""
+
+    skills: list[str]
+    subagents: list[str] = Field(description="task ids of every sub-task in the tree")
+    subagentModels: list[str]
+    toolCounts: list[ToolCount] = Field(description="every tool reported in the tree, by name")
+    observedPaths: list[str]
+    currentFilesystemVerified: bool = Field(description="always false: reported paths, not a look at the files")
+
+
 class Attempt(_Closed):
     attemptId: str
     number: int
@@ -272,7 +367,17 @@ class Task(_Closed):
     observedPaths: list[str]
     currentFilesystemVerified: bool
     attempts: list[Attempt]
-    updatedAt: datetime | None = None
+    updatedAt: datetime | None = Field(
+        default=None, description="the latest state change or persisted tool activity, whichever is later"
+    )
+    gatewayTarget: GatewayTarget | None = None
+    gatewayDispatch: GatewayDispatch | None = None
+    continueTaskId: str | None = None
+    continuedByTaskId: str | None = None
+    parentTaskId: str | None = None
+    skill: SkillRef | None = None
+    subagents: list[Subagent] | None = Field(default=None, description="detail only: the direct sub-tasks")
+    evidence: Evidence | None = Field(default=None, description="detail only, when the tree used skills or sub-tasks")
     version: int = Field(
         ge=0, description="Raised by every committed change; a stream never sends an older one after a newer one."
     )

@@ -43,6 +43,19 @@ MIGRATIONS = [
             "CREATE INDEX ix_channel_bindings_session ON channel_bindings (agent_id, session_id)",
         ],
     ),
+    Migration(
+        3,
+        "safemode grants and assignments",
+        [
+            # Changed only by the local operator CLI (gateway_http/safemode.py); REST only reads them.
+            "CREATE TABLE safemode_grants ("
+            " agent_id VARCHAR(128) NOT NULL, target VARCHAR(128) NOT NULL, granted_at BIGINT NOT NULL,"
+            " expires_at BIGINT, revoked_at BIGINT, PRIMARY KEY (agent_id, target))",
+            "CREATE TABLE safemode_assignments ("
+            " agent_id VARCHAR(128) NOT NULL, target VARCHAR(128) NOT NULL, assigned_at BIGINT NOT NULL,"
+            " PRIMARY KEY (agent_id, target))",
+        ],
+    ),
 ]
 
 

@@ -46,7 +46,7 @@ POLICY: dict[str, frozenset[str]] = {
     "gateway": frozenset(
         _methods(
             _SCHEDULER, "CreateTask", "GetTask", "ListTasks", "CancelTask", "RetryCleanup", "WatchTasks",
-            "PauseTask", "ResumeTask", "GetWorkerLog",
+            "PauseTask", "ResumeTask", "GetWorkerLog", "RecordDispatchOutcome",
         )
         | _methods(_PENDING, "AnswerQuestion", "GetQuestion", "GetSessionTask")
         | {_NOTIFIER + "*"}

@@ -52,6 +52,13 @@ class TaskSettings(_Frozen):
     # "cgroup_v1" (the v1 freezer only), "subreaper" (the child subreaper and
     # recorded descendants only) or "auto" (cgroup where the host allows it).
     proof_mode: Literal["auto", "cgroup", "cgroup_v1", "subreaper"] = "auto"
+    # The Git project an "isolated-worktree" profile makes each task's worktree from
+    # (a profile's own project_root wins). Empty: no project.
+    project_root: str = ""
+    # Sub-task trees: how deep a worker's sub-tasks may nest (a root task is depth 0) and
+    # how many sub-tasks one task may start.
+    max_subtask_depth: int = Field(3, ge=0, le=32)
+    max_subtasks_per_task: int = Field(8, ge=0, le=1000)
     # FAULT INJECTION, tests only (0 = off): hold each launch this long after the
     # worker was spawned and before its attempt is committed `running`, so a test
     # can kill the scheduler exactly there.
@@ -103,8 +110,10 @@ class ContainerSpec(_Frozen):
 
 class WorkerProfile(_Frozen):
     command: list[str] = Field(min_length=1)
-    harness: str | None = None
-    harness_model: str | None = None
+    # What the profile really runs (routing, not a label): a caller asks for a harness
+    # only by choosing a profile that has it.
+    harness: Literal["claude", "codex"] | None = None
+    harness_model: str | None = Field(default=None, min_length=1, max_length=100)
     # Working directory; default is the agent's workspace folder.
     workspace: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -118,6 +127,11 @@ class WorkerProfile(_Frozen):
     uses_sdk: bool = False
     # Run the command in a container (admission and proof by the engine).
     container: ContainerSpec | None = None
+    # "shared": the profile's workspace or the agent's folder (no Git needed).
+    # "isolated-worktree": a Git worktree per task from project_root (else [tasks] project_root);
+    # a task is refused (WORKER_GIT_PROJECT_REQUIRED) when that is not a Git project.
+    workspace_policy: Literal["shared", "isolated-worktree"] = "shared"
+    project_root: str | None = None
 
     @field_validator("command")
     @classmethod
@@ -151,6 +165,58 @@ class CronJob(_Frozen):
 
         if not croniter.is_valid(v):
             raise ValueError(f"not a cron schedule: {v!r}")
+        return v
+
+
+class SkillArg(_Frozen):
+    """One argument of a skill: its JSON type, whether it must be given, bounds."""
+
+    type: Literal["string", "integer", "number", "boolean"] = "string"
+    required: bool = False
+    max_length: int = Field(1000, ge=1, le=65536)
+    enum: list[str | int | float | bool] | None = None
+
+
+class SkillConfig(_Frozen):
+    """A ``[skills.NAME]`` an operator declares: a task made from it runs ``profile`` with the
+    body of ``instructions_file`` as its instructions. The body and the file's path stay in
+    the scheduler and the worker: snapshots show only the name, the arguments and (``cli``)
+    the invocation."""
+
+    profile: str
+    instructions_file: str = Field(min_length=1)
+    args_schema: dict[str, SkillArg] = Field(default_factory=dict)
+    # A CLI skill: the snapshot shows how it was invoked (``/NAME {args}``).
+    cli: bool = False
+
+
+class TargetConfig(_Frozen):
+    """A ``[targets.NAME]``: an external agent session a gateway-managed task is dispatched to.
+
+    ``http``: the scheduler POSTs the request (signed with ``secret``, HMAC-SHA256 in
+    ``X-Taskgate-Signature``, as webhooks are) to ``url``; the target reports the outcome to
+    ``POST /api/v1/dispatch/{requestId}/outcome`` on the gateway, signed the same way.
+    """
+
+    adapter: Literal["http"] = "http"
+    url: str
+    secret: str = Field(min_length=16)
+    options: dict[str, str] = Field(default_factory=dict)
+    display_name: str | None = None
+    # Discoverable and dispatchable only with a live grant and a local assignment (issue 13
+    # item 2, not built yet: a safemode target refuses every dispatch).
+    safemode: bool = False
+    # One POST of the request / how long an acknowledged request may wait for its outcome.
+    dispatch_timeout_ms: int = Field(10_000, ge=50)
+    outcome_timeout_ms: int = Field(3_600_000, ge=100)
+    # > 0: also ask the target for the outcome (GET <url>/<requestId>) at this period.
+    poll_interval_ms: int = Field(0, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("a url starts with http:// or https://")
         return v
 
 
@@ -281,6 +347,16 @@ class Settings(_Frozen):
                 raise ValueError(f"crons.{cron_id}.profile names {cron.profile!r}, which is not a [workers] entry")
         return self
 
+    skills: dict[str, SkillConfig] = Field(default_factory=dict)
+    targets: dict[str, TargetConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _skills_name_profiles(self) -> Settings:
+        for name, skill in self.skills.items():
+            if skill.profile not in self.workers:
+                raise ValueError(f"skills.{name}.profile names {skill.profile!r}, which is not a [workers] entry")
+        return self
+
     @model_validator(mode="after")
     def _channels_exist(self) -> Settings:
         for agent_id, agent in self.agents.items():
@@ -329,7 +405,15 @@ def load_settings(environ: Mapping[str, str]) -> Settings:
     raw["config_path"] = str(config_path) if config_path.exists() else None
     tasks = TaskSettings._aliases(dict(raw.get("tasks", {})))
     top_fields = set(Settings.model_fields) - {
-        "tasks", "workers", "agents", "config_path", "caller_secrets", "notifier", "channels", "crons"
+        "tasks",
+        "workers",
+        "agents",
+        "config_path",
+        "caller_secrets",
+        "notifier",
+        "channels",
+        "crons",
+        "skills",
     }
     caller_secrets: dict[str, str] = {}
     notifier = dict(raw.get("notifier", {}))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from gateway_http import safemode
 from gateway_http.chat import CHAT_ID_REGEX
 from gateway_http.cli import conversation, pending
 from gateway_http.cli.client import ApiFailure, RestClient
@@ -131,6 +132,37 @@ def cmd_members_list(args: argparse.Namespace, out: TextIO) -> int:
         ]
     )
     print(render_table(["agent", "session", "principal", "added"], rows), file=out)
+    return 0
+
+
+def _safemode_target(name: str) -> str:
+    target = _settings().targets.get(name)
+    if target is None:
+        raise CliError(f"no [targets.{name}] in the configuration")
+    if not target.safemode:
+        print(f"note: target {name} is not in safemode; grants and assignments do not restrict it", file=sys.stderr)
+    return name
+
+
+def cmd_safemode_change(args: argparse.Namespace, out: TextIO) -> int:
+    target = _safemode_target(args.target)
+    action = args.action
+    if action == "grant":
+        _in_transaction(lambda s: safemode.grant(s, args.agent, target, args.ttl_s))
+        changed = True
+    else:
+        change = {"revoke": safemode.revoke, "assign": safemode.assign, "unassign": safemode.unassign}[action]
+        changed = _in_transaction(lambda s: change(s, args.agent, target))
+    done = {"grant": "granted", "revoke": "revoked", "assign": "assigned", "unassign": "unassigned"}[action]
+    print(f"{done}: {target} for {args.agent}" if changed else f"unchanged: {target} for {args.agent}", file=out)
+    return 0
+
+
+def cmd_safemode_list(args: argparse.Namespace, out: TextIO) -> int:
+    rows = _in_transaction(
+        lambda s: [[e.agent_id, e.target, e.granted, "yes" if e.assigned else "no"] for e in safemode.entries(s)]
+    )
+    print(render_table(["agent", "target", "grant", "assigned"], rows), file=out)
     return 0
 
 
@@ -398,6 +430,17 @@ def build_parser() -> argparse.ArgumentParser:
     mlist = members.add_parser("list")
     mlist.add_argument("--agent", type=_id("agent"))
     mlist.set_defaults(fn=cmd_members_list)
+
+    safe = admin_sub.add_parser("safemode", help="safemode targets: grants and local assignments (operator only)")
+    ssub = safe.add_subparsers(dest="action", required=True)
+    for name in ("grant", "revoke", "assign", "unassign"):
+        p = ssub.add_parser(name)
+        p.add_argument("--agent", required=True)
+        p.add_argument("--target", required=True)
+        if name == "grant":
+            p.add_argument("--ttl-s", type=int, default=None, help="the grant expires after this many seconds")
+        p.set_defaults(fn=cmd_safemode_change)
+    ssub.add_parser("list").set_defaults(fn=cmd_safemode_list)
 
     tasks = top.add_parser("tasks", help="tasks over the REST API")
     tasks.add_argument("--url", help="gateway URL (TASKGATE_URL, default http://127.0.0.1:8080)")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import grpc
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
+from gateway_http import safemode
 from gateway_http.auth import SessionCaller, stream_access_check
 from gateway_http.backends import Backends, request_metadata
 from gateway_http.convert import task_json
@@ -81,6 +83,16 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
     # The document lists the configured profiles; refuse others here, as it says.
     if body.profile is not None and body.profile not in settings.workers:
         raise ApiError(400, "UNKNOWN_PROFILE", f"no worker profile named {body.profile!r}")
+    cleared = False
+    if body.target is not None:
+        target = settings.targets.get(body.target.name)
+        if target is not None and target.safemode:
+            # Read on every create (no cache): a revoked grant stops new dispatches at once.
+            if not await safemode.is_cleared(request.app.state.store.db, caller.agent_id, body.target.name):
+                raise ApiError(
+                    403, "SAFEMODE_NOT_GRANTED", f"target {body.target.name!r} needs a grant and an assignment"
+                )
+            cleared = True
     backends = _backends(request)
     reply = await backends.scheduler.CreateTask(
         pb.CreateTaskRequest(
@@ -92,6 +104,19 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
             request_id=body.requestId or "",
             harness=body.harness or "",
             harness_model=body.harnessModel or "",
+            continue_task_id=body.continueTaskId or "",
+            skill=pb.SkillInvocation(name=body.skill.name, args_json=json.dumps(body.skill.args))
+            if body.skill is not None
+            else None,
+            target=pb.TargetRequest(
+                name=body.target.name,
+                native_session_id=body.target.nativeSessionId,
+                display_name=body.target.displayName or "",
+                options=body.target.options,
+            )
+            if body.target is not None
+            else None,
+            safemode_cleared=cleared,
         ),
         timeout=backends.timeout_s,
         metadata=request_metadata(request),

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -52,6 +53,24 @@ class Assignment:
     instructions: str
     resume: bool
     last_progress: str
+    # A skill task: the skill's name and its arguments (the instructions are its body).
+    skill_name: str = ""
+    skill_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SubTask:
+    """A sub-task's state as seen by its parent's worker (``Worker.spawn``/``wait``)."""
+
+    task_id: str
+    state: str
+    finished: bool = False
+    result: str = ""
+    failure_code: str = ""
+
+
+def _state_name(value: int) -> str:
+    return str(pb.TaskState.Name(value)).removeprefix("TASK_STATE_").lower()
 
 
 def read_token(fd: int) -> str:
@@ -106,6 +125,8 @@ class Worker:
             instructions=response.instructions,
             resume=response.resume,
             last_progress=response.last_progress,
+            skill_name=response.skill_name,
+            skill_args=json.loads(response.skill_args_json) if response.skill_args_json else {},
         )
 
     @classmethod
@@ -153,8 +174,11 @@ class Worker:
         input_tokens: int | None = None,
         cached_input_tokens: int | None = None,
         output_tokens: int | None = None,
+        delta: bool = False,
     ) -> None:
-        request = pb.ReportUsageRequest()
+        """Token counters: by default the attempt's totals so far (each report replaces the
+        last); ``delta=True`` says they are increments, which taskgate adds up."""
+        request = pb.ReportUsageRequest(delta=delta)
         if input_tokens is not None:
             request.input_tokens = input_tokens
         if cached_input_tokens is not None:
@@ -185,6 +209,45 @@ class Worker:
             reply = self._call(self._stub.AwaitAnswer, request, timeout_s=poll_s + 10, patient=True)
             if reply.answered:
                 return str(reply.answer)
+
+    def spawn(self, title: str, instructions: str = "", profile: str = "", request_id: str = "") -> SubTask:
+        """Start a sub-task of this worker's task (same session; ``profile`` empty: this one's).
+
+        Bounded by the scheduler's depth and fan-out settings (WorkerError INVALID_ARGUMENT).
+        """
+        reply = self._call(
+            self._stub.SpawnTask,
+            pb.SpawnTaskRequest(title=title, instructions=instructions, profile=profile, request_id=request_id),
+        )
+        return SubTask(task_id=reply.task_id, state=_state_name(reply.state))
+
+    def wait(self, task_id: str, timeout_s: float | None = None, poll_s: float = 25.0) -> SubTask:
+        """Block until the sub-task has finished (or ``timeout_s`` passed); its latest state."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = poll_s if deadline is None else max(0.1, min(poll_s, deadline - time.monotonic()))
+            wait = Duration()
+            wait.FromMilliseconds(int(left * 1000))
+            reply = self._call(
+                self._stub.WaitSubtask,
+                pb.WaitSubtaskRequest(task_id=task_id, max_wait=wait),
+                timeout_s=left + 10,
+                patient=True,
+            )
+            sub = SubTask(
+                task_id=reply.task_id,
+                state=_state_name(reply.state),
+                finished=reply.finished,
+                result=reply.result_text,
+                failure_code=reply.failure_code,
+            )
+            if sub.finished or (deadline is not None and time.monotonic() >= deadline):
+                return sub
+
+    def cancel(self, task_id: str) -> SubTask:
+        """Cancel one of this task's sub-tasks (its own sub-tasks first), with proof."""
+        reply = self._call(self._stub.CancelSubtask, pb.CancelSubtaskRequest(task_id=task_id))
+        return SubTask(task_id=reply.task_id, state=_state_name(reply.state))
 
     def close(self) -> None:
         self._channel.close()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from libs import errors
 from libs.ids import time_ordered_id
-from services.scheduler import domain
+from services.scheduler import admission, domain, skills
 from services.scheduler.domain import Attempt, NewTask, State, Task
 from services.scheduler.runtime import Runtime
 from services.scheduler.worker_log import LogTail, read_tail, validate_tail_request
@@ -26,9 +26,139 @@ class TaskCatalog:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
-    async def create_task(self, request: NewTask) -> Task:
+    async def create_task(self, request: NewTask, parent: Task | None = None) -> Task:
+        """Admit and store a new task (``parent``: a worker's sub-task, see ``subtasks``).
+
+        Everything that can refuse it runs before the row exists: validation, the harness the
+        profile really runs, the skill and its arguments, the continued task, the Git project.
+        """
         rt = self.rt
-        task, stored = await rt.store.create_task(self.new_task(request))
+        settings = rt.settings
+        if request.target is not None and parent is None:
+            return await self._create_gateway_managed(request)
+        skill_ref = None
+        skill_cfg = None
+        if request.skill_name is not None:
+            skill_cfg = skills.lookup(settings.skills, request.skill_name)
+            if request.profile and request.profile != skill_cfg.profile:
+                raise domain.InvalidArgument(
+                    "SKILL_PROFILE_MISMATCH",
+                    f"skill {request.skill_name!r} runs profile {skill_cfg.profile!r}; leave profile out",
+                    field="profile",
+                )
+            if request.instructions:
+                raise domain.InvalidArgument(
+                    "SKILL_INSTRUCTIONS", "a skill task takes arguments, not instructions", field="instructions"
+                )
+            request = replace(request, profile=skill_cfg.profile)
+        earlier = None
+        if request.continue_task_id is not None:
+            domain.validate_task_id(request.continue_task_id)
+            earlier = await rt.store.get_task(request.continue_task_id)
+            domain.check_continuable(earlier, request.agent_id, request.session_id)
+            if earlier.gateway_managed:
+                raise domain.InvalidArgument(
+                    "CONTINUE_NOT_SUPPORTED", "a gateway-managed task has no workspace to continue in"
+                )
+            if not request.profile:
+                request = replace(request, profile=earlier.profile)
+        request = domain.validate_new_task(request, set(settings.workers))
+        profile = settings.workers[request.profile]
+        domain.check_harness(
+            request.profile, profile.harness, profile.harness_model, request.harness, request.harness_model
+        )
+        if skill_cfg is not None and request.skill_name is not None:
+            args = skills.validate_args(request.skill_name, skill_cfg, request.skill_args_json)
+            await skills.body(request.skill_name, skill_cfg)  # refuse now what the worker could not read
+            skill_ref = skills.skill_ref(request.skill_name, skill_cfg, args)
+        plan = await admission.plan_workspace(
+            settings, request.profile, profile, request.agent_id, earlier, request.continue_task_id
+        )
+        now = rt.clock.now_ms()
+        task_id = time_ordered_id(now)
+        workspace = plan.path
+        if plan.worktree_from is not None:
+            workspace = admission.worktree_path(settings, task_id)
+            await admission.create_worktree(plan.worktree_from, workspace)
+        task = Task(
+            task_id=task_id,
+            agent_id=request.agent_id,
+            session_id=request.session_id,
+            title=request.title,
+            instructions=request.instructions,
+            profile=request.profile,
+            state=State.QUEUED,
+            created_at=now,
+            updated_at=now,
+            request_id=request.request_id,
+            # Routing, not a label: what the profile runs (recorded again on each attempt).
+            harness=profile.harness,
+            harness_model=profile.harness_model,
+            workspace_mode=plan.mode,
+            workspace_path=str(workspace),
+            continue_task_id=request.continue_task_id,
+            skill=skill_ref,
+        )
+        if parent is not None:
+            task.parent_task_id = parent.task_id
+            task.root_task_id = parent.root_task_id or parent.task_id
+            task.depth = parent.depth + 1
+        created = False
+        try:
+            task, stored = await rt.store.create_task(task, continues=request.continue_task_id)
+            created = task.task_id == task_id
+        finally:
+            if plan.worktree_from is not None and not created:
+                await admission.remove_worktree(plan.worktree_from, workspace)  # refused, or a repeat won
+        if stored is not None:
+            rt.never_asked.add(task.task_id)
+        rt.published(stored, task)
+        rt.wake.set()
+        return task
+
+    async def _create_gateway_managed(self, request: NewTask) -> Task:
+        """A task for an operator-configured target: no profile, workspace or worker."""
+        rt = self.rt
+        target = domain.validate_target_request(request)
+        config = rt.settings.targets.get(target.name)
+        if config is None:
+            raise domain.InvalidArgument("UNKNOWN_TARGET", f"no target named {target.name!r}", field="target.name")
+        if config.safemode and not target.safemode_cleared:
+            # Grants and assignments live in the gateway (changed only by the operator CLI).
+            raise domain.WorkerDenied(
+                "SAFEMODE_NOT_GRANTED", f"target {target.name!r} is in safemode; no grant and assignment for this agent"
+            )
+        request = domain.validate_new_task(
+            replace(request, profile=domain.DEFAULT_PROFILE, target=None), {domain.DEFAULT_PROFILE}
+        )
+        now = rt.clock.now_ms()
+        task_id = time_ordered_id(now)
+        task = Task(
+            task_id=task_id,
+            agent_id=request.agent_id,
+            session_id=request.session_id,
+            title=request.title,
+            instructions=request.instructions,
+            profile=domain.GATEWAY_MANAGED,
+            state=State.QUEUED,
+            created_at=now,
+            updated_at=now,
+            request_id=request.request_id,
+            workspace_mode="none",
+            workspace_path="",
+            execution_type=domain.GATEWAY_MANAGED,
+            gateway_target=domain.GatewayTarget(
+                name=target.name,
+                adapter=config.adapter,
+                native_session_id=target.native_session_id,
+                display_name=target.display_name or config.display_name,
+                options={**config.options, **target.options},
+                safemode_cleared=config.safemode and target.safemode_cleared,
+            ),
+            # The request id is the task id: the outcome callback finds its task by primary key.
+            gateway_dispatch=domain.GatewayDispatch(request_id=task_id),
+        )
+        task, stored = await rt.store.create_task(task)
         if stored is not None:
             rt.never_asked.add(task.task_id)
         rt.published(stored, task)
@@ -36,11 +166,21 @@ class TaskCatalog:
         return task
 
     def new_task(self, request: NewTask) -> Task:
-        """The queued task a request makes (validated), not stored yet."""
+        """The queued task a cron tick makes (validated), not stored yet: a plain worker task of
+        a shared-workspace profile (no skill, continuation, target or Git worktree)."""
         rt = self.rt
         request = domain.validate_new_task(request, set(rt.settings.workers))
-        now = rt.clock.now_ms()
         profile = rt.settings.workers[request.profile]
+        if profile.workspace_policy != "shared":
+            raise domain.InvalidArgument(
+                "CRON_WORKSPACE_UNSUPPORTED",
+                f"profile {request.profile!r} needs a Git worktree per task",
+                field="profile",
+            )
+        domain.check_harness(
+            request.profile, profile.harness, profile.harness_model, request.harness, request.harness_model
+        )
+        now = rt.clock.now_ms()
         workspace = Path(profile.workspace) if profile.workspace else rt.settings.agent_workspace(request.agent_id)
         return Task(
             task_id=time_ordered_id(now),
@@ -53,8 +193,8 @@ class TaskCatalog:
             created_at=now,
             updated_at=now,
             request_id=request.request_id,
-            harness=request.harness or profile.harness,
-            harness_model=request.harness_model or profile.harness_model,
+            harness=profile.harness,
+            harness_model=profile.harness_model,
             workspace_mode="profile" if profile.workspace else "agent",
             workspace_path=str(workspace),
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from libs.timestamps import ts
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, State, Task, ToolEvent
@@ -64,9 +66,14 @@ def attempt_to_pb(a: Attempt) -> pb.Attempt:
 
 
 def task_to_pb(
-    task: Task, now: int, attempts: list[Attempt] | None = None, preview_chars: int | None = None
+    task: Task,
+    now: int,
+    attempts: list[Attempt] | None = None,
+    preview_chars: int | None = None,
+    tree: domain.TreeView | None = None,
 ) -> pb.Task:
-    """The public snapshot. ``preview_chars`` bounds free text for list entries."""
+    """The public snapshot. ``preview_chars`` bounds free text for list entries; ``tree``
+    (detail only) adds the sub-tasks and the tree's evidence."""
 
     def text(value: str) -> str:
         return domain.preview(value, preview_chars) if preview_chars else value
@@ -78,7 +85,7 @@ def task_to_pb(
         title=task.title,
         instructions=text(task.instructions),
         state=STATE_TO_PB[task.state],
-        execution_type=pb.EXECUTION_TYPE_WORKER,
+        execution_type=pb.EXECUTION_TYPE_GATEWAY_MANAGED if task.gateway_managed else pb.EXECUTION_TYPE_WORKER,
         target_profile=task.profile,
         harness=task.harness or "",
         harness_model=task.harness_model or "",
@@ -159,6 +166,58 @@ def task_to_pb(
         msg.result.CopyFrom(
             pb.Result(text=text(task.result.text), unresolved_background=task.result.unresolved_background)
         )
+    if task.gateway_target is not None:
+        g = task.gateway_target
+        msg.gateway_target.CopyFrom(
+            pb.GatewayTarget(
+                name=g.name,
+                adapter=g.adapter,
+                native_session_id=g.native_session_id,
+                display_name=g.display_name or "",
+                options=g.options,
+            )
+        )
+    if task.gateway_dispatch is not None:
+        msg.gateway_dispatch.CopyFrom(
+            pb.GatewayDispatch(
+                request_id=task.gateway_dispatch.request_id, submit_time=ts(task.gateway_dispatch.submitted_at)
+            )
+        )
+    msg.continue_task_id = task.continue_task_id or ""
+    msg.continued_by_task_id = task.continued_by_task_id or ""
+    msg.parent_task_id = task.parent_task_id or ""
+    if task.skill is not None:
+        # Name, arguments, invocation: never the body or a host path (see ``skills``).
+        msg.skill.CopyFrom(
+            pb.SkillRef(
+                name=task.skill.name,
+                args_json=json.dumps(task.skill.args, sort_keys=True),
+                invocation=task.skill.invocation or "",
+            )
+        )
+    if tree is not None:
+        msg.subagents.extend(
+            pb.Subagent(
+                task_id=c.task_id,
+                title=c.title,
+                state=STATE_TO_PB[c.state],
+                harness=c.harness or "",
+                harness_model=c.harness_model or "",
+            )
+            for c in tree.children
+        )
+        if tree.evidence is not None:
+            ev = tree.evidence
+            msg.evidence.CopyFrom(
+                pb.Evidence(
+                    skills=ev.skills,
+                    subagents=ev.subagents,
+                    subagent_models=ev.subagent_models,
+                    tool_counts=[pb.ToolCount(name=n, count=c) for n, c in ev.tool_counts.items()],
+                    observed_paths=ev.observed_paths,
+                    current_filesystem_verified=False,
+                )
+            )
     if attempts:
         msg.attempts.extend(attempt_to_pb(a) for a in attempts)
         latest = attempts[-1]
@@ -168,8 +227,20 @@ def task_to_pb(
 
 
 def usage_from_pb(req: pb.ReportUsageRequest) -> domain.Usage:
+    """The counters a worker reported (``req.delta`` says whether they add up)."""
     return domain.Usage(
         input_tokens=req.input_tokens if req.HasField("input_tokens") else None,
         cached_input_tokens=req.cached_input_tokens if req.HasField("cached_input_tokens") else None,
         output_tokens=req.output_tokens if req.HasField("output_tokens") else None,
+    )
+
+
+def target_from_pb(req: pb.TargetRequest, safemode_cleared: bool) -> domain.GatewayTarget:
+    return domain.GatewayTarget(
+        safemode_cleared=safemode_cleared,
+        name=req.name,
+        adapter="",
+        native_session_id=req.native_session_id,
+        display_name=req.display_name or None,
+        options=dict(req.options),
     )

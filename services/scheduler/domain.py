@@ -143,6 +143,10 @@ class FailureCode(StrEnum):
     CLEANUP_UNCONFIRMED = "CLEANUP_UNCONFIRMED"
     # Its scheduler host stopped renewing its lease: the worker may still live there.
     HOST_LOST = "HOST_LOST"
+    # Gateway-managed tasks: the target refused or could not be reached (nothing was delivered),
+    # or the request may have been delivered but its outcome was lost (never retried).
+    DISPATCH_FAILED = "DISPATCH_FAILED"
+    DISPATCH_OUTCOME_UNKNOWN = "DISPATCH_OUTCOME_UNKNOWN"
 
 
 class Progress(BaseModel):
@@ -254,6 +258,34 @@ class RestartResume(BaseModel):
     last_progress: str | None = None
 
 
+class SkillRef(BaseModel):
+    """A skill task's public part: its name, validated arguments and (CLI skill) invocation.
+    The skill's body and host paths are never stored on the task."""
+
+    name: str
+    args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    invocation: str | None = None
+
+
+WORKER = "worker"
+GATEWAY_MANAGED = "gateway-managed"
+
+
+class GatewayTarget(BaseModel):
+    name: str
+    adapter: str
+    native_session_id: str
+    display_name: str | None = None
+    options: dict[str, str] = Field(default_factory=dict)
+    # A safemode target: the creating caller (the gateway) checked the agent's grant and assignment.
+    safemode_cleared: bool = False
+
+
+class GatewayDispatch(BaseModel):
+    request_id: str
+    submitted_at: int | None = None
+
+
 class PendingOutcome(BaseModel):
     """Where a stop that could not be confirmed leads once cleanup is proven."""
 
@@ -297,6 +329,22 @@ class Task(BaseModel):
     # The scheduler host that claimed it and owns its workers; None while queued
     # unclaimed (a re-queue after a proven stop releases it to any host).
     owner_host: str | None = None
+    # Continuation: the finished task this one continues, and the task that continued this one.
+    continue_task_id: str | None = None
+    continued_by_task_id: str | None = None
+    # Sub-task trees: the parent that started this task (WorkerService.SpawnTask), its depth
+    # (a root task is 0) and the tree's root.
+    parent_task_id: str | None = None
+    root_task_id: str | None = None
+    depth: int = 0
+    skill: SkillRef | None = None
+    # "worker" (a process) or "gateway-managed" (a request to an external agent session). A row
+    # written before gateway-managed tasks existed has neither field and reads as a worker task.
+    execution_type: str = WORKER
+    gateway_target: GatewayTarget | None = None
+    gateway_dispatch: GatewayDispatch | None = None
+    # Every tool the task's workers reported, by name (exact; recent_tools keeps only the last few).
+    tool_counts: dict[str, int] = Field(default_factory=dict)
     # Per-task revision of the stored snapshot: +1 on every committed change (store.update_task).
     # Watchers drop an event older than what they already sent (publishes may reorder across
     # database threads), so a client never sees an older snapshot after a newer one.
@@ -305,6 +353,10 @@ class Task(BaseModel):
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
+
+    @property
+    def gateway_managed(self) -> bool:
+        return self.execution_type == GATEWAY_MANAGED
 
     def elapsed_ms(self, now: int) -> int:
         if self.first_started_at is None:
@@ -323,6 +375,49 @@ class NewTask:
     request_id: str | None
     harness: str | None
     harness_model: str | None
+    continue_task_id: str | None = None
+    # A skill task: the skill's name and its arguments as a JSON object (validated by ``skills``).
+    skill_name: str | None = None
+    skill_args_json: str | None = None
+    # A gateway-managed task: the [targets.NAME] and the external session it goes to.
+    target: GatewayTarget | None = None
+
+
+class WorkerGitProjectRequired(errors.InvalidArgument):
+    """An isolated-worktree profile without a Git project: refused before anything is created."""
+
+
+def check_harness(
+    profile_name: str,
+    profile_harness: str | None,
+    profile_model: str | None,
+    harness: str | None,
+    harness_model: str | None,
+) -> None:
+    """A caller asks for a harness (or model) only by choosing a profile that runs it."""
+    for field, asked, runs in (("harness", harness, profile_harness), ("harnessModel", harness_model, profile_model)):
+        if asked is not None and asked != runs:
+            raise InvalidArgument(
+                "HARNESS_MISMATCH",
+                f"profile {profile_name!r} runs {field} {runs!r}, not {asked!r}: choose a profile that has it",
+                field=field,
+            )
+
+
+def check_continuable(earlier: Task, agent_id: str, session_id: str) -> None:
+    """Only a finished task of the same session, not continued yet, is continued."""
+    if earlier.agent_id != agent_id or earlier.session_id != session_id:
+        raise WorkerDenied("CONTINUE_ACCESS_DENIED", "continueTaskId names a task of another session")
+    if not earlier.terminal:
+        raise InvalidTransition(
+            "TASK_NOT_FINISHED", f"the task to continue is {earlier.state}; only a finished task is continued"
+        )
+    if earlier.continued_by_task_id is not None:
+        raise errors.AlreadyExists(
+            "ALREADY_CONTINUED",
+            f"task {earlier.task_id} is already continued by {earlier.continued_by_task_id}",
+            continuedByTaskId=earlier.continued_by_task_id,
+        )
 
 
 def validate_id(kind: str, value: str) -> str:
@@ -358,6 +453,8 @@ def validate_new_task(req: NewTask, known_profiles: set[str]) -> NewTask:
         raise InvalidArgument("UNKNOWN_PROFILE", f"no worker profile named {profile!r}", field="profile")
     if req.request_id is not None and not ID_PATTERN.match(req.request_id):
         raise InvalidArgument("INVALID_ID", "requestId must be 1-128 id characters", field="requestId")
+    if req.continue_task_id is not None:
+        validate_task_id(req.continue_task_id)
     for name, value in (("harness", req.harness), ("harnessModel", req.harness_model)):
         if value is not None and len(value) > 100:
             raise InvalidArgument("FIELD_TOO_LONG", f"{name} is longer than 100 characters", field=name)
@@ -370,6 +467,10 @@ def validate_new_task(req: NewTask, known_profiles: set[str]) -> NewTask:
         request_id=req.request_id or None,
         harness=req.harness or None,
         harness_model=req.harness_model or None,
+        continue_task_id=req.continue_task_id,
+        skill_name=req.skill_name,
+        skill_args_json=req.skill_args_json,
+        target=req.target,
     )
 
 
@@ -946,6 +1047,7 @@ def validate_tool(name: str, status: str) -> None:
 def apply_tool(task: Task, event: ToolEvent, keep: int) -> None:
     task.last_tool = event
     task.recent_tools = [*task.recent_tools, event][-keep:]
+    task.tool_counts[event.name] = task.tool_counts.get(event.name, 0) + 1
     task.last_activity_at = event.at
     task.updated_at = event.at  # persisted tool activity counts as an update
     task.inspection = None
@@ -960,6 +1062,24 @@ def validate_paths(paths: list[str]) -> None:
 def apply_touched(task: Task, paths: list[str], keep: int) -> None:
     merged = list(dict.fromkeys([*task.observed_paths, *paths]))
     task.observed_paths = merged[-keep:]
+
+
+def touched_at(task: Task, now: int) -> None:
+    """Touched paths are persisted tool activity: updatedAt moves with them."""
+    task.last_activity_at = now
+    task.updated_at = now
+
+
+def merge_usage(stored: Usage | None, reported: Usage, delta: bool) -> Usage:
+    """Counters are the attempt's totals as reported (replacing the stored ones), or, when the
+    worker says they are deltas, added to the stored ones. Only counters ever reported appear."""
+    if not delta or stored is None:
+        return reported
+    summed = Usage()
+    for name in ("input_tokens", "cached_input_tokens", "output_tokens"):
+        old, new = getattr(stored, name), getattr(reported, name)
+        setattr(summed, name, None if old is None and new is None else (old or 0) + (new or 0))
+    return summed
 
 
 def validate_usage(usage: Usage) -> None:
@@ -1015,3 +1135,118 @@ def answer_delivered(task: Task, question_id: str, now: int) -> bool:
         task.state = State.RUNNING
     new_revision(task, now)  # an answer is new input: a new revision
     return True
+
+
+# --- task trees ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeEvidence:
+    """What a task tree did: skills invoked, sub-tasks and their models, tools, paths."""
+
+    skills: list[str]
+    subagents: list[str]
+    subagent_models: list[str]
+    tool_counts: dict[str, int]
+    observed_paths: list[str]
+
+
+@dataclass(frozen=True)
+class TreeView:
+    """A task's direct sub-tasks and its tree's evidence (None when the tree did neither)."""
+
+    children: list[Task]
+    evidence: TreeEvidence | None
+
+
+def tree_evidence(root: Task, descendants: list[Task], max_paths: int = 200) -> TreeEvidence | None:
+    everyone = [root, *descendants]
+    skills = list(dict.fromkeys(t.skill.name for t in everyone if t.skill is not None))
+    if not descendants and not skills:
+        return None
+    tools: dict[str, int] = {}
+    for t in everyone:
+        for name, count in t.tool_counts.items():
+            tools[name] = tools.get(name, 0) + count
+    paths = list(dict.fromkeys(p for t in everyone for p in t.observed_paths))[:max_paths]
+    models = list(dict.fromkeys(t.harness_model for t in descendants if t.harness_model))
+    return TreeEvidence(
+        skills=skills,
+        subagents=[t.task_id for t in descendants],
+        subagent_models=models,
+        tool_counts=dict(sorted(tools.items())),
+        observed_paths=paths,
+    )
+
+
+def check_spawn(parent: Task, children_so_far: int, settings: TaskSettings) -> None:
+    """A worker's sub-task is bounded in depth and fan-out (INVALID_ARGUMENT beyond)."""
+    if parent.depth + 1 > settings.max_subtask_depth:
+        raise InvalidArgument(
+            "SUBTASK_DEPTH_EXCEEDED",
+            f"sub-tasks nest at most {settings.max_subtask_depth} levels deep",
+            limit=str(settings.max_subtask_depth),
+        )
+    if children_so_far >= settings.max_subtasks_per_task:
+        raise InvalidArgument(
+            "SUBTASK_FANOUT_EXCEEDED",
+            f"a task starts at most {settings.max_subtasks_per_task} sub-tasks",
+            limit=str(settings.max_subtasks_per_task),
+        )
+
+
+# --- gateway-managed tasks --------------------------------------------------------
+
+MAX_TARGET_OPTIONS = 32
+MAX_OUTCOME_TEXT_BYTES = MAX_RESULT_BYTES
+
+
+def validate_target_request(req: NewTask) -> GatewayTarget:
+    """A gateway-managed create names a target and an external session, and nothing of a worker."""
+    target = req.target
+    assert target is not None
+    if req.profile or req.skill_name or req.continue_task_id or req.harness or req.harness_model:
+        raise InvalidArgument(
+            "TARGET_EXCLUSIVE",
+            "a gateway-managed task names a target instead of a profile, skill, continuation or harness",
+            field="target",
+        )
+    validate_id("target.nativeSessionId", target.native_session_id)
+    if target.display_name is not None and len(target.display_name) > MAX_TITLE_CHARS:
+        raise InvalidArgument("FIELD_TOO_LONG", "target.displayName is longer than 200 characters")
+    if len(target.options) > MAX_TARGET_OPTIONS or any(
+        not k or len(k) > 100 or len(v) > 1000 for k, v in target.options.items()
+    ):
+        raise InvalidArgument(
+            "INVALID_TARGET_OPTIONS", "target.options: at most 32 entries, names 1-100 and values up to 1000 characters"
+        )
+    return target
+
+
+def dispatched(task: Task, now: int) -> Task:
+    """The request was committed as sent (before the POST: a crash after it is an unknown outcome)."""
+    start_running(task, now, now, None, None)
+    if task.gateway_dispatch is not None:
+        task.gateway_dispatch.submitted_at = now
+    return task
+
+
+def dispatch_outcome_unknown(detail: str) -> Failure:
+    return Failure(
+        code=FailureCode.DISPATCH_OUTCOME_UNKNOWN,
+        message=f"the request may have reached the target, but its outcome is unknown: {detail}",
+        retryable=False,
+    )
+
+
+def dispatch_failed(detail: str, retryable: bool) -> Failure:
+    return Failure(code=FailureCode.DISPATCH_FAILED, message=detail, retryable=retryable)
+
+
+def outcome_overdue(task: Task, timeout_ms: int, now: int) -> bool:
+    """A dispatched request has waited ``timeout_ms`` for its outcome since it was sent or since
+    the target last got an answer to its question. Waiting for a person is never overdue."""
+    if not task.gateway_managed or task.state != State.RUNNING:
+        return False
+    sent = task.gateway_dispatch.submitted_at if task.gateway_dispatch else None
+    return sent is not None and now - max(sent, task.updated_at) >= timeout_ms

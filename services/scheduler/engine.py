@@ -28,9 +28,10 @@ import structlog
 from libs import proctree
 from libs.clock import Clock, SystemClock
 from libs.settings import Settings
-from services.scheduler import domain
+from services.scheduler import domain, skills
 from services.scheduler.catalog import TaskCatalog, TaskPage
 from services.scheduler.crons import CronRunner
+from services.scheduler.dispatch_targets import TargetDispatcher
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
 from services.scheduler.hosts import EventRelay, HostIdInUse, HostLease, Listener, control_loop
@@ -51,6 +52,7 @@ from services.scheduler.runtime import (
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
 from services.scheduler.store import SchedulerStore
+from services.scheduler.subtasks import SubTasks
 from services.scheduler.supervision import Supervisor
 from services.scheduler.watch import OnLive, Watchers
 from services.scheduler.worker_log import LogTail
@@ -109,6 +111,9 @@ class Engine:
         self.listener: Listener | None = Listener(rt, store.db.url) if rt.multi_host else None
         self.relay = EventRelay(rt, LOG_GAP_WAIT_MS)
         self.crons = CronRunner(rt, self.catalog, lambda task_id, cause: self.cancel(task_id, cause))
+        self.targets = TargetDispatcher(rt, self.settler)
+        self.launcher.targets = self.targets
+        self.subtasks = SubTasks(rt, self.catalog, self.stopper, self.reports, self.targets)
         self._loops: list[asyncio.Task[None]] = []
 
     @property
@@ -153,6 +158,7 @@ class Engine:
                 asyncio.create_task(self.question_closer.run(), name="question-closer"),
                 asyncio.create_task(self.recovery.legacy_adoption_loop(), name="legacy-adoption"),
                 asyncio.create_task(self.lease.loop(), name="host-lease"),
+                asyncio.create_task(self.targets.loop(lambda: rt.closing), name="dispatch-deadlines"),
             ]
             if self.listener is not None:
                 self._loops += [
@@ -171,6 +177,7 @@ class Engine:
         for loop_task in self._loops:
             loop_task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
+        await self.targets.close()
         live = list(rt.live.values())
         await asyncio.gather(
             *(self.stopper.stop_and_settle(la, "shutdown", "the scheduler shut down") for la in live),
@@ -201,6 +208,10 @@ class Engine:
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         return await self.catalog.get_task(task_id)
 
+    async def task_tree(self, task: Task) -> domain.TreeView:
+        """A task's direct sub-tasks and its tree's evidence (for its detail)."""
+        return await self.subtasks.tree(task)
+
     async def list_tasks(
         self, agent_id: str, session_id: str, page: int, page_size: int, include_finished: bool
     ) -> TaskPage:
@@ -221,16 +232,29 @@ class Engine:
     async def cancel(
         self, task_id: str, cause: str = domain.USER_CANCELED, replaced_by: str | None = None, wait_s: float = 0.0
     ) -> Task:
-        return await self.stopper.cancel(task_id, cause, replaced_by, wait_s)
+        # A task with unfinished sub-tasks stops them first (subtasks); otherwise a plain cancel.
+        return await self.subtasks.cancel(task_id, cause, replaced_by, wait_s)
 
     async def pause(self, task_id: str, wait_s: float = 0.0) -> Task:
+        domain.validate_task_id(task_id)
+        if (await self.store.get_task(task_id)).gateway_managed:
+            raise domain.InvalidTransition("PAUSE_NOT_SUPPORTED", "a gateway-managed task cannot be paused")
         return await self.stopper.pause(task_id, wait_s)
 
     async def resume(self, task_id: str) -> Task:
         return await self.stopper.resume(task_id)
 
     async def retry_cleanup(self, task_id: str) -> Task:
+        domain.validate_task_id(task_id)
+        if (await self.store.get_task(task_id)).gateway_managed:
+            return await self.targets.retry_cleanup(task_id)  # tell the target again
         return await self.stopper.retry_cleanup(task_id)
+
+    async def record_dispatch_outcome(self, request_id: str, body: bytes, signature: str) -> Task:
+        return await self.targets.record_outcome(request_id, body, signature)
+
+    async def check_dispatch_deadlines_once(self) -> int:
+        return await self.targets.overdue_once()
 
     async def recover(self) -> None:
         await self.recovery.recover()
@@ -252,8 +276,8 @@ class Engine:
     async def report_touched(self, token: str, paths: list[str]) -> None:
         await self.reports.report_touched(token, paths)
 
-    async def report_usage(self, token: str, usage: Usage) -> None:
-        await self.reports.report_usage(token, usage)
+    async def report_usage(self, token: str, usage: Usage, delta: bool = False) -> None:
+        await self.reports.report_usage(token, usage, delta)
 
     async def report_result(self, token: str, text: str, unresolved_background: bool) -> None:
         await self.reports.report_result(token, text, unresolved_background)
@@ -263,6 +287,20 @@ class Engine:
 
     async def await_answer(self, token: str, question_id: str, wait_s: float) -> str | None:
         return await self.reports.await_answer(token, question_id, wait_s)
+
+    async def skill_instructions(self, task: Task) -> str:
+        """A skill task's instructions: the skill's body, for its own worker only."""
+        assert task.skill is not None
+        return await skills.body(task.skill.name, skills.lookup(self.settings.skills, task.skill.name))
+
+    async def spawn_subtask(self, token: str, title: str, instructions: str, profile: str, request_id: str) -> Task:
+        return await self.subtasks.spawn(token, title, instructions, profile, request_id)
+
+    async def wait_subtask(self, token: str, task_id: str, wait_s: float) -> Task:
+        return await self.subtasks.wait(token, task_id, wait_s)
+
+    async def cancel_subtask(self, token: str, task_id: str) -> Task:
+        return await self.subtasks.cancel_own(token, task_id)
 
     # --- watching ------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import structlog
 
 from libs.settings import WorkerProfile
 from services.scheduler import cgroups, containers, domain, processes
+from services.scheduler.dispatch_targets import TargetDispatcher
 from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutcome, State, Task
 from services.scheduler.runtime import LiveAttempt, Runtime, hash_token
 from services.scheduler.settling import Settler
@@ -65,6 +66,8 @@ class Launcher:
         self.rt = rt
         self.settler = settler
         self.stopper = stopper
+        # Gateway-managed tasks are dispatched, not launched (``dispatch_targets``; set by the engine).
+        self.targets: TargetDispatcher | None = None
 
     async def dispatch_loop(self) -> None:
         rt = self.rt
@@ -106,6 +109,8 @@ class Launcher:
             task, previous = await rt.store.task_with_attempts(task_id)
             if task.state != State.QUEUED or task_id in rt.live or rt.closing or not rt.mine(task):
                 return False
+            if task.gateway_managed and self.targets is not None:
+                return await self.targets.dispatch(task, previous)  # no process, no pool slot
             now = rt.clock.now_ms()
             profile = rt.settings.workers.get(task.profile)
             if profile is None:

@@ -107,6 +107,8 @@ class Recovery:
         await self.reconcile_host_lost()
         # Several hosts: only this host's tasks (the others' workers are not on this machine).
         for task in await rt.store.tasks_in_states(ACTIVE, owner=rt.own):
+            if task.gateway_managed:
+                continue  # no worker to stop; its outcome may still come (else its deadline ends it)
             attempts = await rt.store.attempts_of(task.task_id)
             attempt = attempts[-1] if attempts else None
             if attempt is not None and attempt.boot_id == rt.boot_id:

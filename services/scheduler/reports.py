@@ -67,14 +67,19 @@ class WorkerReports:
     async def report_touched(self, token: str, paths: list[str]) -> None:
         domain.validate_paths(paths)
         keep = self.rt.tasks_cfg.observed_paths
-        await self._report(token, "task.tool", lambda t, now: domain.apply_touched(t, paths, keep))
 
-    async def report_usage(self, token: str, usage: Usage) -> None:
+        def apply(t: Task, now: int) -> None:
+            domain.apply_touched(t, paths, keep)
+            domain.touched_at(t, now)
+
+        await self._report(token, "task.tool", apply)
+
+    async def report_usage(self, token: str, usage: Usage, delta: bool = False) -> None:
         domain.validate_usage(usage)
         live = self.authenticate(token)
         task = await self.rt.store.get_task(live.attempt.task_id)
         domain.check_reporting(task, live.attempt.state)
-        live.attempt.usage = usage
+        live.attempt.usage = domain.merge_usage(live.attempt.usage, usage, delta)
         await self.rt.store.save_attempt(live.attempt)
 
     async def report_result(self, token: str, text: str, unresolved_background: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import grpc
@@ -42,13 +43,20 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 request_id=request.request_id or None,
                 harness=request.harness or None,
                 harness_model=request.harness_model or None,
+                continue_task_id=request.continue_task_id or None,
+                skill_name=request.skill.name if request.HasField("skill") else None,
+                skill_args_json=(request.skill.args_json or "{}") if request.HasField("skill") else None,
+                target=convert.target_from_pb(request.target, request.safemode_cleared)
+                if request.HasField("target")
+                else None,
             )
         )
         return pb.CreateTaskResponse(task=convert.task_to_pb(task, self._now()))
 
     async def GetTask(self, request: pb.GetTaskRequest, context: grpc.aio.ServicerContext) -> pb.GetTaskResponse:
         task, attempts = await self.engine.get_task(request.task_id)
-        return pb.GetTaskResponse(task=convert.task_to_pb(task, self._now(), attempts))
+        tree = await self.engine.task_tree(task)
+        return pb.GetTaskResponse(task=convert.task_to_pb(task, self._now(), attempts, tree=tree))
 
     async def ListTasks(self, request: pb.ListTasksRequest, context: grpc.aio.ServicerContext) -> pb.ListTasksResponse:
         page = await self.engine.list_tasks(
@@ -103,6 +111,12 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             size_bytes=tail.size_bytes,
             truncated=tail.truncated,
         )
+
+    async def RecordDispatchOutcome(
+        self, request: pb.RecordDispatchOutcomeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RecordDispatchOutcomeResponse:
+        task = await self.engine.record_dispatch_outcome(request.request_id, request.body, request.signature)
+        return pb.RecordDispatchOutcomeResponse(task_id=task.task_id, state=convert.STATE_TO_PB[task.state])
 
     async def WatchTasks(
         self, request: pb.WatchTasksRequest, context: grpc.aio.ServicerContext
@@ -165,7 +179,7 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
     ) -> pb.GetAssignmentResponse:
         task, attempt = await self.engine.assignment(self._token(context))
         resume = task.restart_resume
-        return pb.GetAssignmentResponse(
+        reply = pb.GetAssignmentResponse(
             task_id=task.task_id,
             attempt_id=attempt.attempt_id,
             title=task.title,
@@ -173,6 +187,12 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
             resume=bool(resume and resume.count > 0 and attempt.number > 1),
             last_progress=(resume.last_progress or "") if resume else "",
         )
+        if task.skill is not None:
+            # Only here, to the task's own worker: the skill's body.
+            reply.instructions = await self.engine.skill_instructions(task)
+            reply.skill_name = task.skill.name
+            reply.skill_args_json = json.dumps(task.skill.args, sort_keys=True)
+        return reply
 
     async def ReportProgress(
         self, request: pb.ReportProgressRequest, context: grpc.aio.ServicerContext
@@ -197,7 +217,7 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
     async def ReportUsage(
         self, request: pb.ReportUsageRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReportUsageResponse:
-        await self.engine.report_usage(self._token(context), convert.usage_from_pb(request))
+        await self.engine.report_usage(self._token(context), convert.usage_from_pb(request), request.delta)
         return pb.ReportUsageResponse()
 
     async def ReportResult(
@@ -218,3 +238,27 @@ class WorkerServicer(pb_grpc.WorkerServiceServicer):
         wait_s = max_wait_s(request.max_wait)
         answer = await self.engine.await_answer(self._token(context), request.question_id, wait_s)
         return pb.AwaitAnswerResponse(answered=answer is not None, answer=answer or "")
+
+    async def SpawnTask(self, request: pb.SpawnTaskRequest, context: grpc.aio.ServicerContext) -> pb.SpawnTaskResponse:
+        child = await self.engine.spawn_subtask(
+            self._token(context), request.title, request.instructions, request.profile, request.request_id
+        )
+        return pb.SpawnTaskResponse(task_id=child.task_id, state=convert.STATE_TO_PB[child.state])
+
+    async def WaitSubtask(
+        self, request: pb.WaitSubtaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WaitSubtaskResponse:
+        child = await self.engine.wait_subtask(self._token(context), request.task_id, max_wait_s(request.max_wait))
+        return pb.WaitSubtaskResponse(
+            task_id=child.task_id,
+            state=convert.STATE_TO_PB[child.state],
+            finished=child.terminal,
+            result_text=child.result.text if child.result and child.terminal else "",
+            failure_code=child.failure.code if child.failure and child.terminal else "",
+        )
+
+    async def CancelSubtask(
+        self, request: pb.CancelSubtaskRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelSubtaskResponse:
+        child = await self.engine.cancel_subtask(self._token(context), request.task_id)
+        return pb.CancelSubtaskResponse(task_id=child.task_id, state=convert.STATE_TO_PB[child.state])

@@ -9,6 +9,7 @@ again. Cancel is one cause of a stop among the supervisor's and shutdown's.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -119,12 +120,19 @@ class Stopper:
         cause: str = domain.USER_CANCELED,
         replaced_by: str | None = None,
         wait_s: float = 0.0,
+        before_stop: Callable[[], Awaitable[None]] | None = None,
     ) -> Task:
-        """Request a cancel; returns the task (cancelled, cancel_requested or unchanged)."""
+        """Request a cancel; returns the task (cancelled, cancel_requested or unchanged).
+
+        ``before_stop`` runs after the task shows ``cancel_requested`` and before its worker is
+        signalled (a parent's sub-tasks are stopped first, see ``subtasks``).
+        """
         domain.validate_task_id(task_id)
         if replaced_by:
             domain.validate_task_id(replaced_by)
-        return await self._stop_request(task_id, domain.validate_cause(cause), replaced_by, wait_s, "cancel")
+        return await self._stop_request(
+            task_id, domain.validate_cause(cause), replaced_by, wait_s, "cancel", before_stop
+        )
 
     async def pause(self, task_id: str, wait_s: float = 0.0) -> Task:
         """Stop the worker with the same proof as a cancel, and leave the task ``paused``
@@ -146,7 +154,15 @@ class Stopper:
         rt.wake.set()
         return task
 
-    async def _stop_request(self, task_id: str, cause: str, replaced_by: str | None, wait_s: float, why: str) -> Task:
+    async def _stop_request(
+        self,
+        task_id: str,
+        cause: str,
+        replaced_by: str | None,
+        wait_s: float,
+        why: str,
+        before_stop: Callable[[], Awaitable[None]] | None = None,
+    ) -> Task:
         rt = self.rt
         now = rt.clock.now_ms()
         async with rt.locks[task_id]:
@@ -198,7 +214,7 @@ class Stopper:
             rt.published(stored, task)
             live.stopping = True
             verb = "paused" if why == "pause" else f"cancelled ({cause})"
-            stopper = rt.spawn(self.stop_and_settle(live, why, verb))
+            stopper = rt.spawn(self._stop_after(before_stop, live, why, verb))
         if wait_s > 0:
             done, _ = await asyncio.wait({stopper}, timeout=wait_s)
             if done:
@@ -222,6 +238,16 @@ class Stopper:
             rt.spawn(self.stop_and_settle(live, why, "paused" if why == "pause" else "cancelled on request"))
             started += 1
         return started
+
+    async def _stop_after(
+        self, before_stop: Callable[[], Awaitable[None]] | None, live: LiveAttempt, why: str, verb: str
+    ) -> Task:
+        if before_stop is not None:
+            try:
+                await before_stop()
+            except Exception:  # the task's own stop must still happen
+                log.exception("before_stop_failed", task_id=live.attempt.task_id)
+        return await self.stop_and_settle(live, why, verb)
 
     async def retry_cleanup(self, task_id: str) -> Task:
         rt = self.rt

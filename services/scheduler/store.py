@@ -28,6 +28,7 @@ from services.scheduler.domain import (
     State,
     Task,
     TaskNotFound,
+    check_continuable,
     check_transition,
     closes_questions,
     mark_host_lost,
@@ -95,6 +96,15 @@ MIGRATIONS = [
             "ALTER TABLE task_events ADD COLUMN origin VARCHAR(128)",
         ],
     ),
+    Migration(
+        5,
+        "sub-task trees",
+        [
+            # A worker's sub-task points to its parent; a parent's detail and its cancel read them.
+            "ALTER TABLE tasks ADD COLUMN parent_task_id VARCHAR(32)",
+            "CREATE INDEX ix_tasks_parent ON tasks (parent_task_id, created_at)",
+        ],
+    ),
 ]
 
 # The channel replicas LISTEN on; payloads: "queued", "control:<host>", "events:<host>".
@@ -116,6 +126,7 @@ class TaskRow(SQLModel, table=True):
     updated_at: int = Field(sa_type=BigInteger)
     doc: str
     owner_host: str | None = None
+    parent_task_id: str | None = None
 
 
 class AttemptRow(SQLModel, table=True):
@@ -237,6 +248,7 @@ def _write_task(session: Session, task: Task, new: bool = False) -> None:
                 "updated_at": task.updated_at,
                 "doc": doc,
                 "owner_host": task.owner_host,
+                "parent_task_id": task.parent_task_id,
             },
         )
     else:
@@ -285,6 +297,17 @@ def _rows(session: Session, stmt: Any, params: dict[str, Any] | None = None) -> 
     return list(session.connection().execute(stmt, params or {}).all())
 
 
+def _link_continuation(s: Session, earlier_id: str, task: Task) -> None:
+    rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": earlier_id})
+    if not rows:
+        raise TaskNotFound("TASK_NOT_FOUND", f"no task {earlier_id}")
+    earlier = _task_from_row(rows[0])
+    check_continuable(earlier, task.agent_id, task.session_id)
+    earlier.continued_by_task_id = task.task_id
+    earlier.version += 1
+    _write_task(s, earlier)  # not a state change: updatedAt stays
+
+
 class SchedulerStore:
     def __init__(self, db: Database, host_id: str = "local") -> None:
         self.db = db
@@ -301,8 +324,12 @@ class SchedulerStore:
 
     # --- tasks -------------------------------------------------------------
 
-    async def create_task(self, task: Task) -> tuple[Task, StoredEvent | None]:
-        """Insert a new queued task, or return the earlier one with the same request id."""
+    async def create_task(self, task: Task, continues: str | None = None) -> tuple[Task, StoredEvent | None]:
+        """Insert a new queued task, or return the earlier one with the same request id.
+
+        ``continues``: the finished task it continues gets ``continued_by_task_id`` in the
+        same transaction (refused when another task continued it first).
+        """
 
         def work(s: Session) -> tuple[Task, StoredEvent | None]:
             if task.request_id:
@@ -317,6 +344,8 @@ class SchedulerStore:
                 if existing:
                     return _task_from_row(existing[0]), None
             _write_task(s, task, new=True)
+            if continues is not None:
+                _link_continuation(s, continues, task)
             return task, _append_event(s, task, "task.state_changed", task.created_at, self.host_id)
 
         try:
@@ -382,6 +411,29 @@ class SchedulerStore:
                 .limit(page_size),
             )
             return total, [_task_from_row(r) for r in rows]
+
+        return await self._run(work)
+
+    async def children_of(self, parent_ids: list[str]) -> list[Task]:
+        """The direct sub-tasks of ``parent_ids``, oldest first (``ix_tasks_parent``)."""
+        if not parent_ids:
+            return []
+
+        def work(s: Session) -> list[Task]:
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.doc)
+                .where(TASKS.c.parent_task_id.in_(parent_ids))
+                .order_by(TASKS.c.created_at, TASKS.c.task_id),
+            )
+            return [_task_from_row(r) for r in rows]
+
+        return await self._run(work)
+
+    async def count_children(self, parent_id: str) -> int:
+        def work(s: Session) -> int:
+            query = sa.select(func.count()).select_from(TASKS).where(TASKS.c.parent_task_id == parent_id)
+            return int(_rows(s, query)[0][0])
 
         return await self._run(work)
 
@@ -469,6 +521,7 @@ class SchedulerStore:
                 return before, None
             if after.state != before.state:
                 check_transition(before.state, after.state, legacy_adoption)
+                after.updated_at = max(after.updated_at, at)  # updatedAt moves with every state change
             release_when_requeued(before, after)
             after.version = before.version + 1
             _write_task(s, after)

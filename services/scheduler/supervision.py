@@ -52,7 +52,7 @@ class Supervisor:
         rt = self.rt
         found = 0
         for task in await rt.store.tasks_in_states([State.RUNNING, State.WAITING_INPUT], owner=rt.own):
-            if task.task_id in rt.live:
+            if task.task_id in rt.live or task.gateway_managed:  # a request, not a process
                 continue
             async with rt.locks[task.task_id]:
                 # Again under the task's lock: a task that just ended or launched is not an orphan.

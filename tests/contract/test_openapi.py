@@ -110,3 +110,46 @@ def test_every_api_operation_documents_the_backend_errors(document: dict[str, An
             assert {"400", "401", "403", "500", "503", "504"} <= set(op["responses"]), (method, path)
             if "requestBody" in op:
                 assert "413" in op["responses"], (method, path)
+
+
+async def test_the_kinds_of_task_are_described(tmp_path: Path) -> None:
+    """Issue 13's bodies: continuation, skills, routing enums from the configuration, the tree."""
+    skill = tmp_path / "skill.md"
+    skill.write_text("body")
+    config = tmp_path / "taskgate.toml"
+    config.write_text(
+        "[workers.default-worker]\ncommand = ['true']\n"
+        "[workers.codex]\ncommand = ['true']\nharness = 'codex'\nharness_model = 'gpt-x'\n"
+        f"[skills.review]\nprofile = 'codex'\ninstructions_file = '{skill}'\n"
+    )
+    settings = load_settings({"TASKGATE_DATA_DIR": str(tmp_path), "TASKGATE_CONFIG": str(config)})
+    db = Database(f"sqlite:///{tmp_path}/gateway.db", MIGRATIONS)
+    app = create_app(settings, GatewayStore(db))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        doc = (await client.get("/openapi.json")).json()
+    db.close()
+    schemas = doc["components"]["schemas"]
+    body = schemas["CreateTaskBody"]["properties"]
+    assert body["continueTaskId"]["anyOf"][0]["pattern"] == "^[0-9a-f]{32}$"
+    assert {"enum": ["codex"]}.items() <= body["harness"]["anyOf"][0].items()
+    assert body["harnessModel"]["anyOf"][0]["enum"] == ["gpt-x"]
+    assert schemas["SkillInvocation"]["properties"]["name"]["enum"] == ["review"]
+    task = schemas["Task"]["properties"]
+    assert {"continueTaskId", "continuedByTaskId", "parentTaskId", "skill", "subagents", "evidence"} <= set(task)
+    assert set(schemas["SkillRef"]["properties"]) == {"name", "args", "invocation"}, "never a body or a path"
+    assert {"skills", "subagents", "subagentModels", "toolCounts", "observedPaths"} <= set(
+        schemas["Evidence"]["properties"]
+    )
+    assert {"retryable", "continueTaskId"} <= set(schemas["ErrorBody"]["properties"])
+    assert set(schemas["TargetBody"]["properties"]) == {"name", "nativeSessionId", "displayName", "options"}
+    assert {"gatewayTarget", "gatewayDispatch"} <= set(task)
+    assert set(schemas["GatewayDispatch"]["properties"]) == {"requestId", "submittedAt"}
+    assert set(doc["paths"]["/api/v1/agents/{agentId}/targets"]) == {"get"}, "discovery only: REST changes no grant"
+    assert not [path for path in doc["paths"] if "safemode" in path or "dispatch" in path]
+
+
+def test_without_configured_harnesses_or_skills_only_null_is_valid(document: dict[str, Any]) -> None:
+    body = document["components"]["schemas"]["CreateTaskBody"]["properties"]
+    assert body["harness"]["anyOf"] == [{"type": "null"}]
+    assert body["skill"]["type"] == "null"
+    assert body["target"]["type"] == "null"

@@ -40,7 +40,7 @@ def alive(pid: int) -> bool:
 def test_reports_fill_the_snapshot(api: Api) -> None:
     created = api.create(
         "reporting",
-        profile="behave",
+        profile="behave-codex",
         harness="codex",
         harnessModel="gpt-x",
         instructions=steps(

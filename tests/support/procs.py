@@ -50,7 +50,12 @@ def as_nobody_command(script: Path) -> list[str] | None:
     if os.geteuid() != 0:
         return None
     site_dir = sysconfig.get_paths()["purelib"]
-    boot = f"import site, runpy; site.addsitedir({site_dir!r}); runpy.run_path({str(script)!r}, run_name='__main__')"
+    # The venv's packages first: a Debian python3-* package (e.g. an old python3-protobuf) in the
+    # system interpreter's dist-packages must not shadow them.
+    boot = (
+        f"import site, sys, runpy; site.addsitedir({site_dir!r}); sys.path.remove({site_dir!r}); "
+        f"sys.path.insert(0, {site_dir!r}); runpy.run_path({str(script)!r}, run_name='__main__')"
+    )
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for candidate in (sys.executable, shutil.which(version, path="/usr/bin:/usr/local/bin")):
         if candidate is None:

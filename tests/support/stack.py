@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ progress_stale_limit_ms = {progress_stale_limit_ms}
 max_duration_ms = {max_duration_ms}
 background_grace_ms = {background_grace_ms}
 idle_timeout_ms = {idle_timeout_ms}
+project_root = "{project_root}"
+max_subtask_depth = 2
+max_subtasks_per_task = 2
 
 [workers.default-worker]
 command = ["python", "-m", "examples.workers.demo"]
@@ -36,6 +40,44 @@ command = ["python", "-m", "examples.workers.demo"]
 [workers.behave]
 command = ["python", "{behave}"]
 uses_sdk = true
+
+[workers.behave-codex]
+command = ["python", "{behave}"]
+harness = "codex"
+harness_model = "gpt-x"
+
+[workers.worktree]
+command = ["python", "{behave}"]
+workspace_policy = "isolated-worktree"
+
+[workers.worktree-nogit]
+command = ["python", "{behave}"]
+workspace_policy = "isolated-worktree"
+project_root = "{plain_dir}"
+
+[skills.review]
+profile = "behave"
+instructions_file = "{skill_file}"
+cli = true
+args_schema = {{ target = {{ type = "string", required = true }}, depth = {{ type = "integer" }} }}
+
+[targets.remote]
+adapter = "http"
+url = "http://127.0.0.1:{target_port}/dispatch"
+secret = "{target_secret}"
+display_name = "Remote agent"
+options = {{ tier = "default" }}
+dispatch_timeout_ms = 3000
+
+[targets.polled]
+url = "http://127.0.0.1:{target_port}/dispatch"
+secret = "{target_secret}"
+poll_interval_ms = 200
+
+[targets.guarded]
+url = "http://127.0.0.1:{target_port}/dispatch"
+secret = "{target_secret}"
+safemode = true
 
 [workers.hostile]
 {hostile_profile}
@@ -71,6 +113,8 @@ class Stack:
     log_dir: Path | None = None
     # Extra scheduler replicas on the same database (see ``add_scheduler_replicas``): name -> env.
     replicas: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Where the gateway-managed target `remote` is expected to listen (a test's local server).
+    target_port: int = 0
 
     def addr(self, name: str) -> str:
         return self.env[dict((n, e) for n, _, e in SERVICES)[name]]
@@ -185,6 +229,35 @@ METRICS_PORTS = {
 }
 
 
+# A skill's body: steps for the behave worker, with a marker that must never leave the scheduler.
+SKILL_BODY_MARKER = "SKILL-BODY-7f3a9c-never-shown"
+TARGET_SECRET = "target-secret-0123456789"
+
+
+def git_project(path: Path) -> Path:
+    """A Git repository with one commit (the isolated-worktree profiles' project)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "README.md").write_text("project\n")
+    git = ["git", "-c", "user.name=taskgate", "-c", "user.email=t@example.invalid", "-C", str(path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "README.md"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "init"], check=True)
+    return path
+
+
+def plain_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def skill_file(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The worker writes what it was assigned next to the body (a test reads it).
+    out = path.parent / "assigned.json"
+    path.write_text(json.dumps([{"note": SKILL_BODY_MARKER}, {"write_assignment": str(out)}]))
+    return path
+
+
 def make_stack(data_dir: Path, metrics: bool = False, extra_config: str = "", **tasks: int) -> Stack:
     """A stack in ``data_dir``; ``metrics`` gives every service a /metrics port (off otherwise);
     ``extra_config`` is appended to its configuration file."""
@@ -198,8 +271,21 @@ def make_stack(data_dir: Path, metrics: bool = False, extra_config: str = "", **
         **tasks,
     }
     data_dir.mkdir(parents=True, exist_ok=True)
+    target_port = free_port()
     config = data_dir / "taskgate.toml"
-    config.write_text(TEST_CONFIG.format(behave=BEHAVE, hostile_profile=hostile_profile(), **settings) + extra_config)
+    config.write_text(
+        TEST_CONFIG.format(
+            behave=BEHAVE,
+            hostile_profile=hostile_profile(),
+            project_root=git_project(data_dir / "project"),
+            plain_dir=plain_dir(data_dir / "plain"),
+            skill_file=skill_file(data_dir / "skills" / "review.json"),
+            target_port=target_port,
+            target_secret=TARGET_SECRET,
+            **settings,
+        )
+        + extra_config
+    )
     http_port = free_port()
     env = {
         "TASKGATE_CONFIG": str(config),
@@ -212,4 +298,4 @@ def make_stack(data_dir: Path, metrics: bool = False, extra_config: str = "", **
         env[env_name] = f"127.0.0.1:{free_port()}"
     # Off unless asked: `make run` from this env (test_make_run) would take the default ports.
     env.update({env_name: str(free_port()) if metrics else "0" for env_name in METRICS_PORTS.values()})
-    return Stack(data_dir=data_dir, env=env, http_url=f"http://127.0.0.1:{http_port}")
+    return Stack(data_dir=data_dir, env=env, http_url=f"http://127.0.0.1:{http_port}", target_port=target_port)

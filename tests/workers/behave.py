@@ -39,6 +39,45 @@ def main() -> int:
         elif action == "sleep_unless_resumed":
             if os.environ.get("TASKGATE_RESUME") != "1":
                 time.sleep(arg)
+        elif action == "note":
+            pass  # carries text (e.g. a skill body's marker) and does nothing
+        elif action == "write_assignment":
+            a = w.assignment
+            Path(arg).write_text(
+                json.dumps(
+                    {
+                        "instructions": a.instructions,
+                        "skill_name": a.skill_name,
+                        "skill_args": a.skill_args,
+                        "cwd": os.getcwd(),
+                        "task_id": a.task_id,
+                    }
+                )
+            )
+        elif action == "write_file":
+            Path(arg["path"]).write_text(arg["text"])  # relative: in the task's workspace
+        elif action == "spawn":
+            # Starts a sub-task running `steps`; its id is appended to `out` (one per line).
+            try:
+                child = w.spawn(arg["title"], json.dumps(arg.get("steps", [])), arg.get("profile", ""))
+                line = child.task_id
+            except Exception as exc:  # the refusal itself is what a test looks at
+                line = f"error: {exc}"
+            with open(arg["out"], "a") as out:
+                out.write(line + "\n")
+        elif action == "wait_children":
+            ids = [x for x in Path(arg["ids"]).read_text().splitlines() if x and not x.startswith("error")]
+            states = [w.wait(i, timeout_s=arg.get("timeout_s", 30)).state for i in ids]
+            w.progress("children: " + ",".join(states))
+        elif action == "cancel_task":
+            # Cancels a sub-task (its id given, or the last line of `ids`); writes the state or the refusal.
+            target = arg.get("task_id") or Path(arg["ids"]).read_text().splitlines()[-1]
+            try:
+                line = w.cancel(target).state
+            except Exception as exc:
+                line = f"error: {exc}"
+            with open(arg["out"], "a") as out:
+                out.write(line + "\n")
         elif action == "exit":
             return int(arg)
         elif action == "trap_term":

@@ -16,6 +16,8 @@ from taskgate.scheduler.v1 import scheduler_pb2 as pb
 def fill(message: Message) -> Message:
     """Every field set to a non-default value, every repeated field given one element."""
     for field in message.DESCRIPTOR.fields:
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            continue  # a map (free-form options) is documented as a dict: its key is the field itself
         if field.message_type is not None:
             if field.message_type.full_name == "google.protobuf.Timestamp":
                 target = getattr(message, field.name).add() if _repeated(field) else getattr(message, field.name)

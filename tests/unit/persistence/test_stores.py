@@ -9,15 +9,19 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect, text
 
+from gateway_http import safemode  # noqa: F401 - registers the safemode table models
+from gateway_http.convert import task_json
 from gateway_http.store import MIGRATIONS as GATEWAY_MIGRATIONS
 from gateway_http.store import GatewayStore
 from libs.db import Database, Migration, migrate
 from services.notifier.domain import Kind, Notification
 from services.notifier.store import MIGRATIONS as NOTIFIER_MIGRATIONS
 from services.notifier.store import NotifierStore
+from services.scheduler.convert import task_to_pb
 from services.scheduler.domain import Attempt, InvalidTransition, State, Task
 from services.scheduler.store import MIGRATIONS as SCHEDULER_MIGRATIONS
 from services.scheduler.store import SchedulerStore, TaskRow
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from tests.support.postgres import fresh_database
 
 
@@ -31,7 +35,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def scheduler_db(db_url: str) -> Iterator[Database]:
     db = Database(db_url, SCHEDULER_MIGRATIONS)
-    assert db.migrate() == [1, 2, 3, 4]
+    assert db.migrate() == [1, 2, 3, 4, 5]
     yield db
     db.close()
 
@@ -54,7 +58,7 @@ def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000,
 def test_migrations_are_applied_once(db_url: str) -> None:
     db = Database(db_url, SCHEDULER_MIGRATIONS)
     try:
-        assert db.migrate() == [1, 2, 3, 4]
+        assert db.migrate() == [1, 2, 3, 4, 5]
         assert db.migrate() == []
         tables = set(inspect(db.engine).get_table_names())
         assert {"tasks", "attempts", "task_events", "question_closes", "scheduler_hosts", "schema_migrations"} <= tables
@@ -173,6 +177,12 @@ async def test_a_row_written_by_an_older_version_still_reads(scheduler_db: Datab
         )
     task = await SchedulerStore(scheduler_db).get_task("9" * 32)
     assert task.title == "old" and task.recent_tools == [] and task.restart_resume is None
+    # Written before gateway-managed tasks, continuation, skills and trees: a plain worker task.
+    assert task.execution_type == "worker" and not task.gateway_managed and task.gateway_target is None
+    assert task.parent_task_id is None and task.skill is None and task.continued_by_task_id is None
+    snapshot = task_to_pb(task, 3)
+    assert snapshot.execution_type == pb.EXECUTION_TYPE_WORKER and not snapshot.HasField("gateway_target")
+    assert task_json(snapshot)["executionType"] == "worker" and "gatewayTarget" not in task_json(snapshot)
 
 
 def test_gateway_keys_are_stored_hashed_and_revocable(db_url: str) -> None:
@@ -225,7 +235,7 @@ async def test_notifications_enqueue_once_per_key(db_url: str) -> None:
     ("migrations", "models"),
     [
         (SCHEDULER_MIGRATIONS, ["tasks", "attempts", "task_events"]),
-        (GATEWAY_MIGRATIONS, ["api_keys", "memberships"]),
+        (GATEWAY_MIGRATIONS, ["api_keys", "memberships", "safemode_grants", "safemode_assignments"]),
         (
             NOTIFIER_MIGRATIONS,
             ["notifications", "delivery_attempts", "messages", "responses", "activity", "conversation_events"],

@@ -235,6 +235,54 @@ class Attempt(_message.Message):
     descendants: _containers.RepeatedCompositeFieldContainer[ProcessIdentity]
     def __init__(self, attempt_id: _Optional[str] = ..., number: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pid: _Optional[int] = ..., pgid: _Optional[int] = ..., pid_start_time: _Optional[int] = ..., boot_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., exit_code: _Optional[int] = ..., outcome: _Optional[str] = ..., descendants: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ...) -> None: ...
 
+class SkillRef(_message.Message):
+    __slots__ = ("name", "args_json", "invocation")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    INVOCATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    args_json: str
+    invocation: str
+    def __init__(self, name: _Optional[str] = ..., args_json: _Optional[str] = ..., invocation: _Optional[str] = ...) -> None: ...
+
+class Subagent(_message.Message):
+    __slots__ = ("task_id", "title", "state", "harness", "harness_model")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_FIELD_NUMBER: _ClassVar[int]
+    HARNESS_MODEL_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    title: str
+    state: TaskState
+    harness: str
+    harness_model: str
+    def __init__(self, task_id: _Optional[str] = ..., title: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ...) -> None: ...
+
+class ToolCount(_message.Message):
+    __slots__ = ("name", "count")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class Evidence(_message.Message):
+    __slots__ = ("skills", "subagents", "subagent_models", "tool_counts", "observed_paths", "current_filesystem_verified")
+    SKILLS_FIELD_NUMBER: _ClassVar[int]
+    SUBAGENTS_FIELD_NUMBER: _ClassVar[int]
+    SUBAGENT_MODELS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_PATHS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FILESYSTEM_VERIFIED_FIELD_NUMBER: _ClassVar[int]
+    skills: _containers.RepeatedScalarFieldContainer[str]
+    subagents: _containers.RepeatedScalarFieldContainer[str]
+    subagent_models: _containers.RepeatedScalarFieldContainer[str]
+    tool_counts: _containers.RepeatedCompositeFieldContainer[ToolCount]
+    observed_paths: _containers.RepeatedScalarFieldContainer[str]
+    current_filesystem_verified: bool
+    def __init__(self, skills: _Optional[_Iterable[str]] = ..., subagents: _Optional[_Iterable[str]] = ..., subagent_models: _Optional[_Iterable[str]] = ..., tool_counts: _Optional[_Iterable[_Union[ToolCount, _Mapping]]] = ..., observed_paths: _Optional[_Iterable[str]] = ..., current_filesystem_verified: _Optional[bool] = ...) -> None: ...
+
 class Execution(_message.Message):
     __slots__ = ("available", "reason", "observe_time", "last_activity_time", "historical", "cpu_user_ticks", "cpu_system_ticks", "io_read_count", "io_write_count", "io_read_bytes", "io_write_bytes", "processes")
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
@@ -264,7 +312,7 @@ class Execution(_message.Message):
     def __init__(self, available: _Optional[bool] = ..., reason: _Optional[str] = ..., observe_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., historical: _Optional[bool] = ..., cpu_user_ticks: _Optional[int] = ..., cpu_system_ticks: _Optional[int] = ..., io_read_count: _Optional[int] = ..., io_write_count: _Optional[int] = ..., io_read_bytes: _Optional[int] = ..., io_write_bytes: _Optional[int] = ..., processes: _Optional[_Iterable[_Union[ProcessIdentity, _Mapping]]] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "agent_id", "session_id", "title", "instructions", "state", "execution_type", "target_profile", "progress", "activity", "execution", "inspection", "timing", "cancellation", "failure", "result", "pending_question", "harness", "harness_model", "workspace", "observed_paths", "current_filesystem_verified", "attempts", "update_time", "restart_resume", "version")
+    __slots__ = ("task_id", "agent_id", "session_id", "title", "instructions", "state", "execution_type", "target_profile", "progress", "activity", "execution", "inspection", "timing", "cancellation", "failure", "result", "pending_question", "harness", "harness_model", "workspace", "observed_paths", "current_filesystem_verified", "attempts", "update_time", "restart_resume", "version", "continue_task_id", "continued_by_task_id", "parent_task_id", "skill", "subagents", "evidence", "gateway_target", "gateway_dispatch")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +339,14 @@ class Task(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     RESTART_RESUME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTINUED_BY_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SKILL_FIELD_NUMBER: _ClassVar[int]
+    SUBAGENTS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_TARGET_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_DISPATCH_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     agent_id: str
     session_id: str
@@ -317,10 +373,47 @@ class Task(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     restart_resume: RestartResume
     version: int
-    def __init__(self, task_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., execution_type: _Optional[_Union[ExecutionType, str]] = ..., target_profile: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., activity: _Optional[_Union[Activity, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., inspection: _Optional[_Union[Inspection, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., cancellation: _Optional[_Union[Cancellation, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., pending_question: _Optional[_Union[PendingQuestion, _Mapping]] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., workspace: _Optional[_Union[Workspace, _Mapping]] = ..., observed_paths: _Optional[_Iterable[str]] = ..., current_filesystem_verified: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restart_resume: _Optional[_Union[RestartResume, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
+    continue_task_id: str
+    continued_by_task_id: str
+    parent_task_id: str
+    skill: SkillRef
+    subagents: _containers.RepeatedCompositeFieldContainer[Subagent]
+    evidence: Evidence
+    gateway_target: GatewayTarget
+    gateway_dispatch: GatewayDispatch
+    def __init__(self, task_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., execution_type: _Optional[_Union[ExecutionType, str]] = ..., target_profile: _Optional[str] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., activity: _Optional[_Union[Activity, _Mapping]] = ..., execution: _Optional[_Union[Execution, _Mapping]] = ..., inspection: _Optional[_Union[Inspection, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., cancellation: _Optional[_Union[Cancellation, _Mapping]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., pending_question: _Optional[_Union[PendingQuestion, _Mapping]] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., workspace: _Optional[_Union[Workspace, _Mapping]] = ..., observed_paths: _Optional[_Iterable[str]] = ..., current_filesystem_verified: _Optional[bool] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restart_resume: _Optional[_Union[RestartResume, _Mapping]] = ..., version: _Optional[int] = ..., continue_task_id: _Optional[str] = ..., continued_by_task_id: _Optional[str] = ..., parent_task_id: _Optional[str] = ..., skill: _Optional[_Union[SkillRef, _Mapping]] = ..., subagents: _Optional[_Iterable[_Union[Subagent, _Mapping]]] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., gateway_target: _Optional[_Union[GatewayTarget, _Mapping]] = ..., gateway_dispatch: _Optional[_Union[GatewayDispatch, _Mapping]] = ...) -> None: ...
+
+class GatewayTarget(_message.Message):
+    __slots__ = ("adapter", "native_session_id", "display_name", "options", "name")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    adapter: str
+    native_session_id: str
+    display_name: str
+    options: _containers.ScalarMap[str, str]
+    name: str
+    def __init__(self, adapter: _Optional[str] = ..., native_session_id: _Optional[str] = ..., display_name: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., name: _Optional[str] = ...) -> None: ...
+
+class GatewayDispatch(_message.Message):
+    __slots__ = ("request_id", "submit_time")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    submit_time: _timestamp_pb2.Timestamp
+    def __init__(self, request_id: _Optional[str] = ..., submit_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateTaskRequest(_message.Message):
-    __slots__ = ("agent_id", "session_id", "title", "instructions", "profile", "request_id", "harness", "harness_model")
+    __slots__ = ("agent_id", "session_id", "title", "instructions", "profile", "request_id", "harness", "harness_model", "continue_task_id", "skill", "target", "safemode_cleared")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +422,10 @@ class CreateTaskRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HARNESS_FIELD_NUMBER: _ClassVar[int]
     HARNESS_MODEL_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    SKILL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SAFEMODE_CLEARED_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     session_id: str
     title: str
@@ -337,7 +434,38 @@ class CreateTaskRequest(_message.Message):
     request_id: str
     harness: str
     harness_model: str
-    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ...) -> None: ...
+    continue_task_id: str
+    skill: SkillInvocation
+    target: TargetRequest
+    safemode_cleared: bool
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ..., harness: _Optional[str] = ..., harness_model: _Optional[str] = ..., continue_task_id: _Optional[str] = ..., skill: _Optional[_Union[SkillInvocation, _Mapping]] = ..., target: _Optional[_Union[TargetRequest, _Mapping]] = ..., safemode_cleared: _Optional[bool] = ...) -> None: ...
+
+class TargetRequest(_message.Message):
+    __slots__ = ("name", "native_session_id", "display_name", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    native_session_id: str
+    display_name: str
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., native_session_id: _Optional[str] = ..., display_name: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SkillInvocation(_message.Message):
+    __slots__ = ("name", "args_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    args_json: str
+    def __init__(self, name: _Optional[str] = ..., args_json: _Optional[str] = ...) -> None: ...
 
 class CreateTaskResponse(_message.Message):
     __slots__ = ("task",)
@@ -446,20 +574,24 @@ class GetAssignmentRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetAssignmentResponse(_message.Message):
-    __slots__ = ("task_id", "attempt_id", "title", "instructions", "resume", "last_progress")
+    __slots__ = ("task_id", "attempt_id", "title", "instructions", "resume", "last_progress", "skill_name", "skill_args_json")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     LAST_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    SKILL_NAME_FIELD_NUMBER: _ClassVar[int]
+    SKILL_ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     attempt_id: str
     title: str
     instructions: str
     resume: bool
     last_progress: str
-    def __init__(self, task_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., resume: _Optional[bool] = ..., last_progress: _Optional[str] = ...) -> None: ...
+    skill_name: str
+    skill_args_json: str
+    def __init__(self, task_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., title: _Optional[str] = ..., instructions: _Optional[str] = ..., resume: _Optional[bool] = ..., last_progress: _Optional[str] = ..., skill_name: _Optional[str] = ..., skill_args_json: _Optional[str] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
     __slots__ = ("text",)
@@ -496,14 +628,16 @@ class ReportTouchedResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportUsageRequest(_message.Message):
-    __slots__ = ("input_tokens", "cached_input_tokens", "output_tokens")
+    __slots__ = ("input_tokens", "cached_input_tokens", "output_tokens", "delta")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     cached_input_tokens: int
     output_tokens: int
-    def __init__(self, input_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+    delta: bool
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., delta: _Optional[bool] = ...) -> None: ...
 
 class ReportUsageResponse(_message.Message):
     __slots__ = ()
@@ -598,3 +732,77 @@ class GetWorkerLogResponse(_message.Message):
     size_bytes: int
     truncated: bool
     def __init__(self, attempt_number: _Optional[int] = ..., content: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class SpawnTaskRequest(_message.Message):
+    __slots__ = ("title", "instructions", "profile", "request_id")
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    title: str
+    instructions: str
+    profile: str
+    request_id: str
+    def __init__(self, title: _Optional[str] = ..., instructions: _Optional[str] = ..., profile: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SpawnTaskResponse(_message.Message):
+    __slots__ = ("task_id", "state")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    state: TaskState
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ...) -> None: ...
+
+class WaitSubtaskRequest(_message.Message):
+    __slots__ = ("task_id", "max_wait")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    max_wait: _duration_pb2.Duration
+    def __init__(self, task_id: _Optional[str] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class WaitSubtaskResponse(_message.Message):
+    __slots__ = ("task_id", "state", "finished", "result_text", "failure_code")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CODE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    state: TaskState
+    finished: bool
+    result_text: str
+    failure_code: str
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., finished: _Optional[bool] = ..., result_text: _Optional[str] = ..., failure_code: _Optional[str] = ...) -> None: ...
+
+class CancelSubtaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class CancelSubtaskResponse(_message.Message):
+    __slots__ = ("task_id", "state")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    state: TaskState
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ...) -> None: ...
+
+class RecordDispatchOutcomeRequest(_message.Message):
+    __slots__ = ("request_id", "body", "signature")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    body: bytes
+    signature: str
+    def __init__(self, request_id: _Optional[str] = ..., body: _Optional[bytes] = ..., signature: _Optional[str] = ...) -> None: ...
+
+class RecordDispatchOutcomeResponse(_message.Message):
+    __slots__ = ("task_id", "state")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    state: TaskState
+    def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ...) -> None: ...

@@ -81,6 +81,11 @@ class SchedulerServiceStub:
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogRequest.SerializeToString,
                 response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogResponse.FromString,
                 _registered_method=True)
+        self.RecordDispatchOutcome = channel.unary_unary(
+                '/taskgate.scheduler.v1.SchedulerService/RecordDispatchOutcome',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -150,6 +155,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordDispatchOutcome(self, request, context):
+        """A gateway-managed task's target reports the request's outcome (relayed by the gateway);
+        the scheduler checks the target's signature over the body.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +210,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetWorkerLog,
                     request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogRequest.FromString,
                     response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetWorkerLogResponse.SerializeToString,
+            ),
+            'RecordDispatchOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordDispatchOutcome,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -454,6 +472,33 @@ class SchedulerService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def RecordDispatchOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.SchedulerService/RecordDispatchOutcome',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class WorkerServiceStub:
     """WorkerService is called by worker processes, authenticated by the
@@ -505,6 +550,21 @@ class WorkerServiceStub:
                 '/taskgate.scheduler.v1.WorkerService/AwaitAnswer',
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerRequest.SerializeToString,
                 response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerResponse.FromString,
+                _registered_method=True)
+        self.SpawnTask = channel.unary_unary(
+                '/taskgate.scheduler.v1.WorkerService/SpawnTask',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.SpawnTaskRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.SpawnTaskResponse.FromString,
+                _registered_method=True)
+        self.WaitSubtask = channel.unary_unary(
+                '/taskgate.scheduler.v1.WorkerService/WaitSubtask',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitSubtaskRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitSubtaskResponse.FromString,
+                _registered_method=True)
+        self.CancelSubtask = channel.unary_unary(
+                '/taskgate.scheduler.v1.WorkerService/CancelSubtask',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelSubtaskRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelSubtaskResponse.FromString,
                 _registered_method=True)
 
 
@@ -565,6 +625,29 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SpawnTask(self, request, context):
+        """Starts a sub-task of the caller's task (same agent and session, parent_task_id set),
+        bounded by the depth and fan-out settings (INVALID_ARGUMENT beyond them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitSubtask(self, request, context):
+        """Long poll for one of the caller's own sub-tasks: returns when it has finished or
+        after `max_wait`, with its state either way.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelSubtask(self, request, context):
+        """Cancels one of the caller's own sub-tasks (and its sub-tasks first), with proof.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -607,6 +690,21 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.AwaitAnswer,
                     request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerRequest.FromString,
                     response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerResponse.SerializeToString,
+            ),
+            'SpawnTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.SpawnTask,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.SpawnTaskRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.SpawnTaskResponse.SerializeToString,
+            ),
+            'WaitSubtask': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitSubtask,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitSubtaskRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitSubtaskResponse.SerializeToString,
+            ),
+            'CancelSubtask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelSubtask,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelSubtaskRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelSubtaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -827,6 +925,87 @@ class WorkerService:
             '/taskgate.scheduler.v1.WorkerService/AwaitAnswer',
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerRequest.SerializeToString,
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitAnswerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SpawnTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.WorkerService/SpawnTask',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.SpawnTaskRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.SpawnTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitSubtask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.WorkerService/WaitSubtask',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitSubtaskRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitSubtaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelSubtask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.WorkerService/CancelSubtask',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelSubtaskRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CancelSubtaskResponse.FromString,
             options,
             channel_credentials,
             insecure,
