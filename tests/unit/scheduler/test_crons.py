@@ -125,9 +125,11 @@ def cron_settings(tmp_path: Path, crons: dict[str, CronJob]) -> Settings:
     )
 
 
-async def start(tmp_path: Path, db: Database, crons: dict[str, CronJob], clock: FakeClock) -> CronHarness:
+async def start(
+    tmp_path: Path, db: Database, crons: dict[str, CronJob], clock: FakeClock, host_id: str = "local"
+) -> CronHarness:
     settings = cron_settings(tmp_path, crons)
-    engine = Engine(settings, SchedulerStore(db), clock=clock)
+    engine = Engine(settings, SchedulerStore(db, host_id), clock=clock)
     sockets = WorkerSockets("", engine.worker_uids())
     engine.worker_addr = sockets.addr_for
 
@@ -181,8 +183,9 @@ async def test_two_engines_on_one_postgresql_fire_each_tick_once(tmp_path: Path,
     clock = FakeClock()
     clock.now = T0 + 30_000
     crons = {"every-minute": job(profile="sleeper"), "off": job(profile="sleeper", enabled=False)}
-    a = await start(tmp_path / "a", dbs[0], crons, clock)
-    b = await start(tmp_path / "b", dbs[1], crons, clock)
+    # Two replicas: each its own host id (one host id is one live process).
+    a = await start(tmp_path / "a", dbs[0], crons, clock, host_id="host-a")
+    b = await start(tmp_path / "b", dbs[1], crons, clock, host_id="host-b")
     try:
         fired: list[CronRun] = []
         for _ in range(6):
