@@ -130,8 +130,10 @@ async def task_events(request: Request, caller: SessionCaller) -> BoundedEventSt
 
     Each frame's ``data`` is ``{"task": {...}}``, a **slim** snapshot: ``taskId``, ``title``,
     ``state``, ``progress`` (``text`` cut to 200 characters, ``updatedAt``), ``pendingQuestion``
-    (``questionId``, ``revision``), ``failure`` (``code``), ``revision`` and ``updatedAt``; never the
-    instructions, result, attempts or telemetry: GET the task for its detail. The response
+    (``questionId``, ``revision``), ``failure`` (``code``), ``revision``, ``version`` and ``updatedAt``;
+    never the instructions, result, attempts or telemetry: GET the task for its detail (e.g. when
+    ``version`` moved; ``GET .../tasks/{taskId}/events`` follows one task in full). An event that
+    changes nothing shown here but ``version`` (a telemetry observation) is not sent. The response
     starts once the stream is live, so every later change reaches the client. A client that
     reads too slowly gets ``event: error`` ``STREAM_TOO_SLOW`` and is disconnected; on reconnect
     it starts again from fresh snapshots. Heartbeat comments keep the connection open.
