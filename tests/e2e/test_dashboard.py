@@ -181,7 +181,7 @@ def test_answering_the_question_resumes_the_task(page: Any, person: Api, shots: 
     assert person.get(task["taskId"])["progress"]["text"] == "answer: Postgres"
 
 
-def test_the_list_and_the_task_page_follow_a_task_live(page: Any, person: Api) -> None:
+def test_the_list_and_the_task_page_follow_a_task_live(page: Any, person: Api, shots: Path) -> None:
     # The list follows the session's slim stream and reads a row's detail (question text, last
     # tool) when an event says it moved; the task page follows the task's own full stream.
     urls: list[str] = []
@@ -208,6 +208,8 @@ def test_the_list_and_the_task_page_follow_a_task_live(page: Any, person: Api) -
     wait_text(page, "#question-text", "Ship it?")
     # Observations arrive while the worker waits (the stack samples every 200 ms).
     page.locator("#sparklines").wait_for()
+    expect(page.locator(".heading .live")).to_have_attribute("data-live", "on")
+    save(page, shots, "task-live")
     page.locator("#answer-text").fill("yes")
     page.get_by_role("button", name="Send answer").click()
     wait_text(page, "main", "deploy · returned")  # the last tool, live
