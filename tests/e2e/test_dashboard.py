@@ -96,7 +96,7 @@ def expect_state(locator: Any, *states: str) -> None:
     expect(locator).to_have_attribute("data-state", re.compile("^(" + "|".join(states) + ")$"), timeout=TIMEOUT_MS)
 
 
-def wait_text(page: Any, selector: str, text: str) -> None:
+def wait_text(page: Any, selector: str, text: str | re.Pattern[str]) -> None:
     expect(page.locator(selector)).to_contain_text(text, timeout=TIMEOUT_MS)
 
 
@@ -209,6 +209,7 @@ def test_the_list_and_the_task_page_follow_a_task_live(page: Any, person: Api, s
     # Observations arrive while the worker waits (the stack samples every 200 ms).
     page.locator("#sparklines").wait_for()
     expect(page.locator(".heading .live")).to_have_attribute("data-live", "on")
+    wait_text(page, "main", re.compile(r"([6-9]|\d\d+) observations since"))  # a line worth a screenshot
     save(page, shots, "task-live")
     page.locator("#answer-text").fill("yes")
     page.get_by_role("button", name="Send answer").click()
