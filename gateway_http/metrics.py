@@ -15,7 +15,11 @@ HTTP_DURATION = Histogram(
     ["method", "route", "status"],
     buckets=LATENCY_BUCKETS,
 )
-SSE_SUBSCRIBERS = Gauge("taskgate_sse_subscribers", "Open SSE streams by kind (tasks | activity)", ["stream"])
+SSE_SUBSCRIBERS = Gauge(
+    "taskgate_sse_subscribers",
+    "Open SSE streams by kind (tasks: a session's stream | task: one task's stream | activity)",
+    ["stream"],
+)
 SSE_DROPPED = Counter(
     "taskgate_sse_subscribers_dropped_total",
     "SSE subscribers ended for falling behind their bounded buffer, by kind",

@@ -54,11 +54,17 @@ class Client:
     queue: asyncio.Queue[bytes | None]
 
 
+@dataclass(frozen=True)
+class Latest:
+    data: str  # the encoded frame data
+    shows: str  # what a client is shown of it (the slim snapshot without its version)
+
+
 @dataclass(eq=False)
 class Feed:
     clients: set[Client] = field(default_factory=set)
-    # task id -> the encoded data of its latest snapshot, for the active tasks only.
-    active: dict[str, str] = field(default_factory=dict)
+    # task id -> its latest slim snapshot, for the active tasks only.
+    active: dict[str, Latest] = field(default_factory=dict)
     live: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -81,13 +87,18 @@ class TaskStreams:
             feed.live.set()
             async for event in call:
                 task = event.task
-                data = json.dumps({"task": slim_task_json(task)})
+                slim = slim_task_json(task)
+                data = json.dumps({"task": slim})
                 if task.state in FINISHED:
                     feed.active.pop(task.task_id, None)
-                elif feed.active.get(task.task_id) == data:
-                    continue  # nothing a slim event shows has changed (e.g. a telemetry observation)
                 else:
-                    feed.active[task.task_id] = data
+                    # Every committed change raises the version, a telemetry observation too:
+                    # what a client is shown is the rest. A joiner still gets the newest version.
+                    shows = json.dumps({k: v for k, v in slim.items() if k != "version"})
+                    before = feed.active.get(task.task_id)
+                    feed.active[task.task_id] = Latest(data, shows)
+                    if before is not None and before.shows == shows:
+                        continue  # nothing a slim event shows has changed (e.g. a telemetry observation)
                 chunk = frame(data, EVENT_NAMES.get(event.type, "task.event"), str(event.sequence))
                 for i, client in enumerate(list(feed.clients)):
                     self._offer(feed, client, chunk)
@@ -145,8 +156,8 @@ class TaskStreams:
             return None
         # One step (no await): the snapshots so far, then every later event.
         client = Client(asyncio.Queue(maxsize=max(self.buffer_frames, len(feed.active) + 1)))
-        for data in feed.active.values():
-            client.queue.put_nowait(frame(data, "task.snapshot", "0"))
+        for latest in feed.active.values():
+            client.queue.put_nowait(frame(latest.data, "task.snapshot", "0"))
         feed.clients.add(client)
         return feed, client
 

@@ -29,6 +29,7 @@ from gateway_http.schemas import (
 )
 from gateway_http.sse import BoundedEventStream
 from gateway_http.task_stream import TaskStreams
+from gateway_http.task_watch import TaskWatch
 from libs.settings import Settings
 from taskgate.pending.v1 import pending_pb2 as pending_pb
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
@@ -154,8 +155,10 @@ async def task_events(request: Request, caller: SessionCaller) -> BoundedEventSt
 
     Each frame's ``data`` is ``{"task": {...}}``, a **slim** snapshot: ``taskId``, ``title``,
     ``state``, ``progress`` (``text`` cut to 200 characters, ``updatedAt``), ``pendingQuestion``
-    (``questionId``, ``revision``), ``failure`` (``code``), ``revision`` and ``updatedAt``; never the
-    instructions, result, attempts or telemetry: GET the task for its detail. The response
+    (``questionId``, ``revision``), ``failure`` (``code``), ``revision``, ``version`` and ``updatedAt``;
+    never the instructions, result, attempts or telemetry: GET the task for its detail (e.g. when
+    ``version`` moved; ``GET .../tasks/{taskId}/events`` follows one task in full). An event that
+    changes nothing shown here but ``version`` (a telemetry observation) is not sent. The response
     starts once the stream is live, so every later change reaches the client. A client that
     reads too slowly gets ``event: error`` ``STREAM_TOO_SLOW`` and is disconnected; on reconnect
     it starts again from fresh snapshots. Heartbeat comments keep the connection open.
@@ -178,6 +181,35 @@ async def task_events(request: Request, caller: SessionCaller) -> BoundedEventSt
 async def get_task(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> JSONResponse:
     """The full snapshot, with the whole retained result."""
     return JSONResponse({"task": task_json(await owned_task(request, caller, taskId))})
+
+
+@router.get("/tasks/{taskId}/events", response_class=BoundedEventStream, status_code=200, responses=responses(404))
+async def task_detail_events(request: Request, caller: SessionCaller, taskId: TaskIdPath) -> BoundedEventStream:
+    """Server-Sent Events of one task, for a page that shows it: its current snapshot first
+    (``event: task.snapshot``), then every event of the task after commit (``task.state_changed``,
+    ``task.progress``, ``task.tool``, ``task.execution``, ``task.question``).
+
+    Each frame's ``data`` is ``{"task": {...}}``, the **full** snapshot as ``GET .../tasks/{taskId}``
+    gives it (telemetry in ``execution``, ``activity.lastTool``, the question's text, the result),
+    except ``attempts``, which events do not carry: GET the task when its state changes. Once the
+    task has finished its snapshot is the last frame and the stream ends. The response starts once
+    the stream is live; an unknown task is 404, another session's 403. A client that reads too
+    slowly is disconnected; on reconnect it starts again from a fresh snapshot. Heartbeat comments
+    keep the connection open.
+    """
+    settings: Settings = request.app.state.settings
+    heartbeat_s = settings.notifier.sse_heartbeat_ms / 1000
+    # One upstream stream per client: a task page is opened by the few people following that task.
+    watch = await TaskWatch.open(
+        _backends(request).scheduler, taskId, caller.agent_id, caller.session_id, request_metadata(request)
+    )
+    return BoundedEventStream(
+        watch,
+        buffer_frames=settings.notifier.sse_client_buffer,
+        heartbeat_s=heartbeat_s,
+        still_allowed=stream_access_check(request, caller),
+        recheck_s=min(heartbeat_s, 5.0),
+    )
 
 
 # The scheduler's bound (services.scheduler.worker_log.MAX_TAIL_BYTES): a page, not a download.

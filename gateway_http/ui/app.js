@@ -13,14 +13,16 @@ const PAGE_SIZE = 10;
 
 const state = {
   me: null,
-  tasks: new Map(), // taskId -> latest snapshot (attempts from the latest full read)
-  samples: new Map(), // taskId -> [{t, cpu, io}] from task.execution events
-  list: { filter: "active", page: 0, pages: 1, total: 0, ids: [] },
-  taskStream: null, // {agent, session, controller}
+  tasks: new Map(), // taskId -> latest full snapshot (a GET, the list, the task's own stream; attempts from a GET)
+  slim: new Map(), // taskId -> latest slim snapshot from the session's task stream
+  samples: new Map(), // taskId -> [{t, cpu, io}] from the task stream's task.execution events
+  list: { key: "", filter: "active", page: 0, pages: 1, total: 0, ids: [] },
+  taskStream: null, // {agent, session, controller}: the session's slim stream (list, conversation)
+  taskWatch: null, // {agent, session, taskId, controller}: the open task page's own full stream
   activity: null, // {agent, session, controller}
   live: "",
   view: null, // {name, agent, session, taskId}
-  fullReads: new Map(), // taskId -> timer: a pending re-read of the full snapshot
+  fullReads: new Map(), // taskId -> {again}: a re-read of the full snapshot, waiting or in flight
   logTail: 16384,
 };
 
@@ -128,10 +130,18 @@ async function api(path, { method = "GET", body, signal } = {}) {
 
 function remember(task, full = false) {
   const prev = state.tasks.get(task.taskId);
+  if (prev && task.version < prev.version) {
+    // A read that took longer than a later event: keep the newer snapshot (and a read's attempts).
+    if (full) Object.assign(prev, { attempts: task.attempts || [], _full: true });
+    return prev;
+  }
   const merged = { ...task, _receivedAt: Date.now() };
   // Stream and list snapshots carry no attempts and may carry previews: keep what a full read gave.
   if (!full && prev) {
     if (!task.attempts || task.attempts.length === 0) merged.attempts = prev.attempts || [];
+    // A GET names the latest attempt's harness and model; an event may not.
+    if (merged.harness === undefined) merged.harness = prev.harness;
+    if (merged.harnessModel === undefined) merged.harnessModel = prev.harnessModel;
     if (prev._full && prev.result && task.result && task.result.text.length < prev.result.text.length) {
       merged.result = prev.result;
     }
@@ -157,24 +167,33 @@ async function readFull(agent, session, taskId) {
   return remember(task, true);
 }
 
-// One re-read per burst of changes of a task (its attempts and whole result are not streamed).
+// Debounced, one per task at a time: a burst of changes costs one GET (a change that comes in
+// while it is in flight makes one more, after it).
 function scheduleFullRead(agent, session, taskId) {
-  if (state.fullReads.has(taskId)) return;
-  state.fullReads.set(
-    taskId,
-    setTimeout(async () => {
+  const pending = state.fullReads.get(taskId);
+  if (pending) {
+    pending.again = true;
+    return;
+  }
+  const read = { again: false };
+  state.fullReads.set(taskId, read);
+  setTimeout(async () => {
+    read.again = false;
+    try {
+      await readFull(agent, session, taskId);
+      refresh(taskId, true);
+    } catch (err) {
+      if (!(err instanceof HttpError && err.status === 401)) flash(describe(err), "error");
+    } finally {
       state.fullReads.delete(taskId);
-      try {
-        await readFull(agent, session, taskId);
-        refresh(taskId, true);
-      } catch (err) {
-        if (!(err instanceof HttpError && err.status === 401)) flash(describe(err), "error");
+      if (read.again && state.view && state.view.agent === agent && state.view.session === session) {
+        scheduleFullRead(agent, session, taskId);
       }
-    }, 250),
-  );
+    }
+  }, 250);
 }
 
-// --- the live task stream (one per open session) ------------------------------------------------
+// --- live streams: the session's slim one (list) and a task's full one (task page) --------------
 
 function setLive(text) {
   state.live = text;
@@ -184,24 +203,25 @@ function setLive(text) {
   }
 }
 
-function followTasks(agent, session) {
-  const current = state.taskStream;
-  if (current && current.agent === agent && current.session === session) return;
-  if (current) current.controller.abort();
-  const controller = new AbortController();
-  state.taskStream = { agent, session, controller };
+// Follows an SSE stream until aborted: reconnects with backoff, stops for good on a refusal,
+// and when the server ended it on purpose (``ended()``: a task stream after the finished snapshot).
+function follow(url, controller, onEvent, ended = () => false) {
   (async () => {
     let delay = 1000;
     while (!controller.signal.aborted) {
       try {
-        await streamEvents(`${base(agent, session)}/tasks/events`, apiKey(), {
+        await streamEvents(url, apiKey(), {
           signal: controller.signal,
           onOpen: () => {
             delay = 1000;
             setLive("live");
           },
-          onEvent: (event) => onTaskEvent(agent, session, event),
+          onEvent,
         });
+        if (!controller.signal.aborted && ended()) {
+          setLive("final");
+          return;
+        }
       } catch (err) {
         if (controller.signal.aborted) return;
         if (err instanceof HttpError && err.status >= 400 && err.status < 500 && err.status !== 429) {
@@ -218,35 +238,112 @@ function followTasks(agent, session) {
   })();
 }
 
-function stopFollowing() {
-  if (state.taskStream) state.taskStream.controller.abort();
-  state.taskStream = null;
-  stopActivity();
-}
-
-function onTaskEvent(agent, session, event) {
+function parseEvent(event) {
   let doc;
   try {
     doc = JSON.parse(event.data);
   } catch {
-    return;
+    return null;
   }
   if (event.type === "error") {
     setLive(`interrupted: ${doc.message || doc.error}`);
-    return;
+    return null;
   }
-  if (!doc.task) return;
-  const task = remember(doc.task);
+  return doc.task ? doc.task : null;
+}
+
+function followTasks(agent, session) {
+  const current = state.taskStream;
+  if (current && current.agent === agent && current.session === session) return;
+  if (current) current.controller.abort();
+  const controller = new AbortController();
+  state.taskStream = { agent, session, controller };
+  follow(`${base(agent, session)}/tasks/events`, controller, (event) => onSlimEvent(agent, session, event));
+}
+
+function stopTaskStream() {
+  if (state.taskStream) state.taskStream.controller.abort();
+  state.taskStream = null;
+}
+
+function followTask(agent, session, taskId) {
+  const current = state.taskWatch;
+  if (current && current.agent === agent && current.session === session && current.taskId === taskId) return;
+  stopTaskWatch();
+  const controller = new AbortController();
+  state.taskWatch = { agent, session, taskId, controller };
+  const ended = () => {
+    const task = state.tasks.get(taskId);
+    return Boolean(task && TERMINAL.has(task.state));
+  };
+  follow(`${base(agent, session)}/tasks/${enc(taskId)}/events`, controller, (event) => onTaskPageEvent(agent, session, taskId, event), ended);
+}
+
+function stopTaskWatch() {
+  if (state.taskWatch) state.taskWatch.controller.abort();
+  state.taskWatch = null;
+}
+
+function stopFollowing() {
+  stopTaskStream();
+  stopTaskWatch();
+  stopActivity();
+}
+
+// The session's slim stream: state and progress straight from the event; the detail a row shows
+// (last tool, the question's text, attempts, timing) from a GET when the event says it moved.
+function onSlimEvent(agent, session, event) {
+  const slim = parseEvent(event);
+  if (!slim) return;
+  const prev = state.slim.get(slim.taskId);
+  if (prev && slim.version < prev.version) return;
+  state.slim.set(slim.taskId, slim);
   const list = state.list;
-  if (!list.ids.includes(task.taskId) && list.page === 0 && (list.filter === "all" || !TERMINAL.has(task.state))) {
+  if (!list.ids.includes(slim.taskId) && list.page === 0 && (list.filter === "all" || !TERMINAL.has(slim.state))) {
     if (event.type !== "task.snapshot" || list.filter === "active") {
-      list.ids.unshift(task.taskId);
+      list.ids.unshift(slim.taskId);
       if (list.ids.length > PAGE_SIZE) list.ids.pop();
       list.total += event.type === "task.snapshot" ? 0 : 1;
     }
   }
-  if (event.type === "task.state_changed" || event.type === "task.question") scheduleFullRead(agent, session, task.taskId);
-  refresh(task.taskId, event.type === "task.state_changed");
+  if (list.ids.includes(slim.taskId) && rowNeedsDetail(slim, state.tasks.get(slim.taskId), event.type)) {
+    scheduleFullRead(agent, session, slim.taskId);
+  }
+  refresh(slim.taskId);
+}
+
+function rowNeedsDetail(slim, detail, type) {
+  if (!detail) return true;
+  if (slim.version <= detail.version) return false;
+  const asked = slim.pendingQuestion;
+  if (asked && !(detail.pendingQuestion && detail.pendingQuestion.questionId === asked.questionId)) return true; // its text
+  if (slim.state !== detail.state) return true; // attempts, timing
+  return type === "task.tool"; // the last tool
+}
+
+// A list row: the newer of the two snapshots for state and progress, the rest from the full one.
+function rowTask(taskId) {
+  const detail = state.tasks.get(taskId);
+  const slim = state.slim.get(taskId);
+  if (!slim || (detail && detail.version >= slim.version)) return detail;
+  const row = { ...(detail || {}), taskId, title: slim.title, state: slim.state, progress: slim.progress, version: slim.version };
+  const asked = slim.pendingQuestion;
+  if (!asked) delete row.pendingQuestion;
+  else if (!(detail && detail.pendingQuestion && detail.pendingQuestion.questionId === asked.questionId)) {
+    row.pendingQuestion = { ...asked, text: "…" }; // its text comes with the re-read
+  }
+  return row;
+}
+
+// The task page's own stream: full snapshots, telemetry included; attempts from a GET on a state change.
+function onTaskPageEvent(agent, session, taskId, event) {
+  const snapshot = parseEvent(event);
+  if (!snapshot || snapshot.taskId !== taskId) return;
+  const prev = state.tasks.get(taskId);
+  const task = remember(snapshot);
+  const stateChanged = Boolean(prev && prev.state !== task.state);
+  if (stateChanged) scheduleFullRead(agent, session, taskId);
+  refresh(taskId, stateChanged);
 }
 
 // Re-render what shows this task.
@@ -277,12 +374,16 @@ async function route() {
     location.hash = "#/signin";
     return;
   }
-  if (view.agent && state.taskStream && (state.taskStream.agent !== view.agent || state.taskStream.session !== view.session)) {
+  const listKey = view.agent ? `${view.agent}/${view.session}` : "";
+  if (view.agent && state.list.key !== listKey) {
     stopFollowing();
-    state.list = { filter: "active", page: 0, pages: 1, total: 0, ids: [] };
+    state.list = { key: listKey, filter: "active", page: 0, pages: 1, total: 0, ids: [] };
   }
   if (!view.agent) stopFollowing();
   if (view.name !== "conversation") stopActivity();
+  // A task page follows its task's own stream; the list and the conversation, the session's.
+  if (view.name === "task") stopTaskStream();
+  else stopTaskWatch();
   state.view = view;
   crumbs(view);
   document.getElementById("signout").hidden = !apiKey();
@@ -295,10 +396,10 @@ async function route() {
     }
     if (view.name === "signin") renderSignIn(main);
     else if (view.name === "sessions") await renderSessions(main);
+    else if (view.name === "task") await openTask(main);
     else {
       followTasks(view.agent, view.session);
       if (view.name === "tasks") await renderTasks(main);
-      else if (view.name === "task") await openTask(main);
       else await renderConversation(main);
     }
   } catch (err) {
@@ -340,6 +441,7 @@ function signOut(message) {
   state.me = null;
   stopFollowing();
   state.tasks.clear();
+  state.slim.clear();
   state.samples.clear();
   if (message) flash(message, "error");
   if (location.hash !== "#/signin") location.hash = "#/signin";
@@ -515,7 +617,7 @@ function renderTaskRows() {
   if (!rows || !state.view || state.view.name !== "tasks") return;
   const { agent, session } = state.view;
   const list = state.list;
-  const tasks = list.ids.map((id) => state.tasks.get(id)).filter(Boolean);
+  const tasks = list.ids.map(rowTask).filter(Boolean);
   rows.replaceChildren(
     ...(tasks.length
       ? tasks.map((task) =>
@@ -554,6 +656,7 @@ async function openTask(main) {
   crumbs(state.view);
   renderTask(true, true);
   focusHeading(main);
+  followTask(agent, session, taskId);
 }
 
 function section(title, ...children) {
@@ -1076,7 +1179,7 @@ window.addEventListener("hashchange", route);
 // Live elapsed times: a clock in the page, not a request to the server.
 setInterval(() => {
   for (const el of document.querySelectorAll("[data-elapsed]")) {
-    const task = state.tasks.get(el.dataset.elapsed);
+    const task = state.view && state.view.name === "tasks" ? rowTask(el.dataset.elapsed) : state.tasks.get(el.dataset.elapsed);
     if (task && !TERMINAL.has(task.state)) el.textContent = duration(elapsedOf(task));
   }
 }, 1000);

@@ -92,7 +92,8 @@ def test_ids_and_parameters_carry_their_formats(document: dict[str, Any]) -> Non
 
 def test_created_tasks_link_to_their_operations(document: dict[str, Any]) -> None:
     created = document["paths"]["/api/v1/agents/{agentId}/sessions/{sessionId}/tasks"]["post"]["responses"]["201"]
-    assert len(created["links"]) == 7  # get, log, cancel, pause, resume, retry-cleanup, answer
+    assert len(created["links"]) == 8  # get, its event stream, log, cancel, pause, resume, retry-cleanup, answer
+    assert any(op.startswith("task_detail_events_") for op in created["links"])
     for link in created["links"].values():
         assert link["parameters"]["taskId"] == "$response.body#/task/taskId"
 

@@ -96,7 +96,7 @@ def expect_state(locator: Any, *states: str) -> None:
     expect(locator).to_have_attribute("data-state", re.compile("^(" + "|".join(states) + ")$"), timeout=TIMEOUT_MS)
 
 
-def wait_text(page: Any, selector: str, text: str) -> None:
+def wait_text(page: Any, selector: str, text: str | re.Pattern[str]) -> None:
     expect(page.locator(selector)).to_contain_text(text, timeout=TIMEOUT_MS)
 
 
@@ -181,6 +181,48 @@ def test_answering_the_question_resumes_the_task(page: Any, person: Api, shots: 
     assert person.get(task["taskId"])["progress"]["text"] == "answer: Postgres"
 
 
+def test_the_list_and_the_task_page_follow_a_task_live(page: Any, person: Api, shots: Path) -> None:
+    # The list follows the session's slim stream and reads a row's detail (question text, last
+    # tool) when an event says it moved; the task page follows the task's own full stream.
+    urls: list[str] = []
+    page.on("request", lambda r: urls.append(r.url))
+    sign_in(page, person.key)
+    page.goto(f"/#/a/{AGENT}/s/{SESSION}")
+    expect(page.locator(".live")).to_have_attribute("data-live", "on", timeout=TIMEOUT_MS)
+    steps = [
+        {"tool": {"name": "pytest", "status": "returned"}},
+        {"ask": "Ship it?"},
+        {"tool": {"name": "deploy", "status": "returned"}},
+        {"burn": 1.0},
+        {"sleep": 1.0},
+        {"result": {"text": "shipped"}},
+    ]
+    task = person.create("ships when told", profile="behave", instructions=json.dumps(steps))
+    row = f'[data-task-id="{task["taskId"]}"]'
+    wait_text(page, row, "Ship it?")
+    wait_text(page, row, "pytest · returned")
+    expect_state(row_state(page, task["taskId"]), "waiting_input")
+    page.evaluate("window.__sameDocument = true")
+    page.get_by_role("link", name="ships when told").click()
+    page.get_by_role("heading", name="ships when told").wait_for()
+    wait_text(page, "#question-text", "Ship it?")
+    # Observations arrive while the worker waits (the stack samples every 200 ms).
+    page.locator("#sparklines").wait_for()
+    expect(page.locator(".heading .live")).to_have_attribute("data-live", "on")
+    wait_text(page, "main", re.compile(r"([6-9]|\d\d+) observations since"))  # a line worth a screenshot
+    save(page, shots, "task-live")
+    page.locator("#answer-text").fill("yes")
+    page.get_by_role("button", name="Send answer").click()
+    wait_text(page, "main", "deploy · returned")  # the last tool, live
+    expect_state(page.locator(".heading [data-state]"), "completed")
+    wait_text(page, "#result-text", "shipped")
+    expect(page.locator("table.attempts tbody tr")).to_have_count(1)
+    expect(page.locator(".heading .live")).to_have_attribute("data-live", "off")  # the stream ended with the task
+    assert page.evaluate("window.__sameDocument") is True
+    task_stream = f"/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks/{task['taskId']}/events"
+    assert any(u.endswith(task_stream) for u in urls), "the task page follows the task's own stream"
+
+
 def test_the_conversation_shows_response_snapshots_live_and_the_history(page: Any, person: Api, shots: Path) -> None:
     assert person.request("POST", "/messages", json={"text": "please summarise the build"}).status_code == 201
     sign_in(page, person.key)
@@ -209,6 +251,9 @@ def test_evidence_and_sub_tasks_render_when_present_and_worker_text_stays_text(
     snapshot["subagents"] = [{"taskId": child, "title": "check the tests", "state": "completed"}]
     url = f"**/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks/{task['taskId']}"
     page.route(url, lambda route: route.fulfill(json={"task": snapshot}))
+    # The task page's own stream too: its snapshot replaces what the GET gave.
+    sse = f"event: task.snapshot\nid: 0\ndata: {json.dumps({'task': snapshot})}\n\n"
+    page.route(url + "/events", lambda route: route.fulfill(body=sse, content_type="text/event-stream"))
     sign_in(page, person.key)
     page.goto(f"/#/a/{AGENT}/s/{SESSION}/t/{task['taskId']}")
     page.get_by_role("heading", name="<img src=x onerror=window.__owned=1>").wait_for()

@@ -1,4 +1,5 @@
-"""The gateway's shared task watch: one upstream stream per session, bounded fan-out."""
+"""The gateway's shared task watch (one upstream stream per session, bounded fan-out) and
+the per-task watch behind a task page."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from gateway_http.errors import ApiError
 from gateway_http.task_stream import TaskStreams
+from gateway_http.task_watch import TaskWatch
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 
@@ -129,3 +132,63 @@ async def test_a_client_gone_before_reading_still_leaves() -> None:
     await subscription.aclose()  # never iterated: its response never started
     await settle()
     assert scheduler.calls[0].cancelled and streams.feeds == {}
+
+
+async def test_a_change_a_slim_event_does_not_show_is_not_sent_but_joiners_get_the_newest_version() -> None:
+    scheduler = FakeScheduler()
+    streams = TaskStreams(scheduler, buffer_frames=16)  # type: ignore[arg-type]
+    first = await streams.open("a", "s")
+    call = scheduler.calls[0]
+    call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, 1, version=3))
+    # A telemetry observation: a new version, nothing else a slim snapshot shows.
+    observed = event("t1", pb.TASK_STATE_RUNNING, 2, version=4, execution=pb.Execution(available=True))
+    observed.type = pb.TASK_EVENT_TYPE_EXECUTION
+    call.events.put_nowait(observed)
+    call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, 3, version=5, progress=pb.Progress(text="p")))
+    await settle()
+    got = [parse(await anext(first)) for _ in range(2)]
+    assert [(e, d["task"]["version"]) for e, d in got] == [("task.state_changed", 3), ("task.state_changed", 5)]
+    call.events.put_nowait(
+        observed.__class__(
+            sequence=4,
+            type=observed.type,
+            task=pb.Task(
+                task_id="t1", title="t", state=pb.TASK_STATE_RUNNING, version=6, progress=pb.Progress(text="p")
+            ),
+        )
+    )
+    await settle()
+    assert first.queue.empty(), "a telemetry-only change is not sent"
+    second = await streams.open("a", "s")
+    assert parse(await anext(second))[1]["task"]["version"] == 6
+    await first.aclose()
+    await second.aclose()
+    await streams.close()
+
+
+async def test_a_task_watch_ends_after_the_finished_snapshot_and_closes_its_call() -> None:
+    scheduler = FakeScheduler()
+    call = FakeCall()
+    scheduler.WatchTasks = lambda request, **_: call  # type: ignore[method-assign]
+    call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, 0, agent_id="a", session_id="s", instructions="i"))
+    watch = await TaskWatch.open(scheduler, "t1", "a", "s", ())  # type: ignore[arg-type]
+    first = parse(await anext(watch))
+    assert first[0] == "task.snapshot" and first[1]["task"]["instructions"] == "i", "full snapshots"
+    call.events.put_nowait(event("t1", pb.TASK_STATE_COMPLETED, 9, agent_id="a", session_id="s"))
+    assert parse(await anext(watch))[1]["task"]["state"] == "completed"
+    with pytest.raises(StopAsyncIteration):
+        await anext(watch)
+    assert call.cancelled
+    # Another session's task: refused before any frame, its call cancelled.
+    other = FakeCall()
+    scheduler.WatchTasks = lambda request, **_: other  # type: ignore[method-assign]
+    other.events.put_nowait(event("t2", pb.TASK_STATE_RUNNING, 0, agent_id="a", session_id="elsewhere"))
+    with pytest.raises(ApiError) as refused:
+        await TaskWatch.open(scheduler, "t2", "a", "s", ())  # type: ignore[arg-type]
+    assert refused.value.status == 403 and other.cancelled
+    # A client gone before its response started still cancels the upstream call.
+    unread = FakeCall()
+    scheduler.WatchTasks = lambda request, **_: unread  # type: ignore[method-assign]
+    unread.events.put_nowait(event("t3", pb.TASK_STATE_RUNNING, 0, agent_id="a", session_id="s"))
+    await (await TaskWatch.open(scheduler, "t3", "a", "s", ())).aclose()  # type: ignore[arg-type]
+    assert unread.cancelled
