@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 
 from libs.settings import Settings, WorkerProfile
+from services.scheduler import helper_children
 from services.scheduler.domain import Task, WorkerGitProjectRequired
 
 log = structlog.get_logger("scheduler")
@@ -35,20 +36,22 @@ class WorkspacePlan:
 
 
 async def _git(*args: str, cwd: Path | None = None) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        *args,
-        cwd=cwd,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        return 124, "git did not answer in time"
+    # Announced to the subreaper: its exit status is ours, not an orphan's to reap.
+    with helper_children.running():
+        proc = await asyncio.create_subprocess_exec(
+            "git",
+            *args,
+            cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return 124, "git did not answer in time"
     return proc.returncode or 0, out.decode(errors="replace").strip()
 
 

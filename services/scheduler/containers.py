@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from libs.settings import ContainerSpec
+from services.scheduler import helper_children
 
 log = structlog.get_logger("scheduler.containers")
 
@@ -92,19 +93,21 @@ class ContainerEngine:
         self.base = [spec.engine_path or spec.engine, *spec.engine_args]
 
     async def _run(self, *args: str, timeout_s: float = ENGINE_TIMEOUT_S) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *self.base,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return -1, "", f"{self.spec.engine} {args[0]} timed out"
+        # Announced to the subreaper: the engine CLI's exit status is ours, not an orphan's to reap.
+        with helper_children.running():
+            proc = await asyncio.create_subprocess_exec(
+                *self.base,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                return -1, "", f"{self.spec.engine} {args[0]} timed out"
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
     def create_args(self, name: str, command: Sequence[str], workdir: Path) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import structlog
 
 from libs import proctree
-from services.scheduler import cgroups, processes, subreaper
+from services.scheduler import cgroups, helper_children, processes, subreaper
 from services.scheduler.domain import Attempt
 
 log = structlog.get_logger("scheduler")
@@ -105,8 +105,10 @@ class Ownership:
             self._reapable.update((d.pid, d.start_time) for d in attempt.descendants)
 
     def _forking_floor(self) -> int | None:
-        """The earliest boot tick a launch whose pid is not known yet may have forked at."""
-        return min(self._forking.values(), default=None)
+        """The earliest boot tick a launch whose pid is not known yet, or a helper command the
+        scheduler awaits itself (``helper_children``), may have forked at."""
+        floors = [f for f in (min(self._forking.values(), default=None), helper_children.floor()) if f is not None]
+        return min(floors, default=None)
 
     def orphan_check(self, table: dict[int, proctree.ProcStat]) -> list[proctree.ProcStat]:
         """Attribute orphans re-parented to the scheduler; those fitting several attempts are returned."""
