@@ -105,6 +105,11 @@ async def plan_workspace(
             return WorkspacePlan("worktree", Path(), worktree_from=project)
     if continues is not None:
         return WorkspacePlan(continues.workspace_mode, Path(continues.workspace_path))
+    return shared_workspace(settings, profile, agent_id)
+
+
+def shared_workspace(settings: Settings, profile: WorkerProfile, agent_id: str) -> WorkspacePlan:
+    """A shared-policy task's workspace: the profile's folder, else the agent's."""
     if profile.workspace:
         return WorkspacePlan("profile", Path(profile.workspace))
     return WorkspacePlan("agent", settings.agent_workspace(agent_id))

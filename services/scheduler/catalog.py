@@ -8,6 +8,7 @@ from pathlib import Path
 
 from libs import errors
 from libs.ids import time_ordered_id
+from libs.settings import WorkerProfile
 from services.scheduler import admission, domain, skills
 from services.scheduler.domain import Attempt, NewTask, State, Task
 from services.scheduler.runtime import Runtime
@@ -80,25 +81,9 @@ class TaskCatalog:
         if plan.worktree_from is not None:
             workspace = admission.worktree_path(settings, task_id)
             await admission.create_worktree(plan.worktree_from, workspace)
-        task = Task(
-            task_id=task_id,
-            agent_id=request.agent_id,
-            session_id=request.session_id,
-            title=request.title,
-            instructions=request.instructions,
-            profile=request.profile,
-            state=State.QUEUED,
-            created_at=now,
-            updated_at=now,
-            request_id=request.request_id,
-            # Routing, not a label: what the profile runs (recorded again on each attempt).
-            harness=profile.harness,
-            harness_model=profile.harness_model,
-            workspace_mode=plan.mode,
-            workspace_path=str(workspace),
-            continue_task_id=request.continue_task_id,
-            skill=skill_ref,
-        )
+        task = _queued_worker_task(request, profile, task_id, now, plan.mode, workspace)
+        task.continue_task_id = request.continue_task_id
+        task.skill = skill_ref
         if parent is not None:
             task.parent_task_id = parent.task_id
             task.root_task_id = parent.root_task_id or parent.task_id
@@ -181,23 +166,8 @@ class TaskCatalog:
             request.profile, profile.harness, profile.harness_model, request.harness, request.harness_model
         )
         now = rt.clock.now_ms()
-        workspace = Path(profile.workspace) if profile.workspace else rt.settings.agent_workspace(request.agent_id)
-        return Task(
-            task_id=time_ordered_id(now),
-            agent_id=request.agent_id,
-            session_id=request.session_id,
-            title=request.title,
-            instructions=request.instructions,
-            profile=request.profile,
-            state=State.QUEUED,
-            created_at=now,
-            updated_at=now,
-            request_id=request.request_id,
-            harness=profile.harness,
-            harness_model=profile.harness_model,
-            workspace_mode="profile" if profile.workspace else "agent",
-            workspace_path=str(workspace),
-        )
+        plan = admission.shared_workspace(rt.settings, profile, request.agent_id)
+        return _queued_worker_task(request, profile, time_ordered_id(now), now, plan.mode, plan.path)
 
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         domain.validate_task_id(task_id)
@@ -232,3 +202,26 @@ class TaskCatalog:
             agent_id, session_id, include_finished, request.page, request.page_size, clamp
         )
         return TaskPage(clamped["page"], clamped["pages"], total, tasks)
+
+
+def _queued_worker_task(
+    request: NewTask, profile: WorkerProfile, task_id: str, now: int, workspace_mode: str, workspace: Path
+) -> Task:
+    """A new worker task as admitted: queued, in its workspace, on the harness its profile runs."""
+    return Task(
+        task_id=task_id,
+        agent_id=request.agent_id,
+        session_id=request.session_id,
+        title=request.title,
+        instructions=request.instructions,
+        profile=request.profile,
+        state=State.QUEUED,
+        created_at=now,
+        updated_at=now,
+        request_id=request.request_id,
+        # Routing, not a label: what the profile runs (recorded again on each attempt).
+        harness=profile.harness,
+        harness_model=profile.harness_model,
+        workspace_mode=workspace_mode,
+        workspace_path=str(workspace),
+    )
