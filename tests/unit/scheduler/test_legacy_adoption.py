@@ -111,3 +111,31 @@ async def test_a_reported_failure_stays_failed_and_an_unreachable_notifier_is_as
         assert stays.state == State.FAILED and stays.restart_resume is None
     finally:
         await h.close()
+
+
+async def test_a_crash_between_the_claim_and_the_requeue_is_repaired_by_the_next_start(tmp_path: Path) -> None:
+    first = await start_harness(tmp_path)
+    task = await make_legacy(first, MINUTE)
+    first.engine.runtime.failure_reports = Notifier(True)
+    store = first.engine.store
+    requeue = store.update_task
+
+    async def killed(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the scheduler died before the re-queue committed")
+
+    store.update_task = killed  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await first.engine.adopt_legacy_failures_once()
+    store.update_task = requeue  # type: ignore[method-assign]
+    assert (await store.get_task(task.task_id)).state == State.FAILED, "claimed, not yet resumed"
+    await first.close(db=False)
+
+    second = await start_harness(tmp_path, db=first.db)
+    try:
+        # The notifier answers a repeated claim the same way (tests/unit/notifier/test_failure_claims.py).
+        second.engine.runtime.failure_reports = Notifier(True)
+        assert await second.engine.adopt_legacy_failures_once() == 0
+        resumed = await second.engine.store.get_task(task.task_id)
+        assert resumed.state == State.QUEUED and resumed.restart_resume and resumed.restart_resume.count == 1
+    finally:
+        await second.close()
