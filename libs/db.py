@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlmodel import Session
 
 T = TypeVar("T")
@@ -143,6 +143,16 @@ class Database:
         def work() -> T:
             with self.session() as session, session.begin():
                 return fn(session)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    async def run_connection(self, fn: Callable[[Connection], T]) -> T:
+        """Like ``run`` on a bare connection: for Core-only work, without the ORM session's
+        cost (about 90 µs per transaction, more than the statements of a hot unit)."""
+
+        def work() -> T:
+            with self.engine.begin() as conn:
+                return fn(conn)
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-from sqlmodel import Session
 
 from libs.db import Migration
 from services.scheduler import store
 from services.scheduler.cron_domain import CronRun
 from services.scheduler.domain import Failure, Task
+from services.scheduler.group_commit import Tx
 from services.scheduler.store import SchedulerStore, StoredEvent
 
 CRON_MIGRATION = Migration(
@@ -75,7 +75,7 @@ def _run_from_row(row: Any) -> CronRun:
     )
 
 
-def _insert_run(s: Session, run: CronRun) -> bool:
+def _insert_run(s: Tx, run: CronRun) -> bool:
     """Insert the run; False when its tick was already claimed (by any replica)."""
     values = {
         "run_id": run.run_id,
@@ -107,7 +107,7 @@ class CronStore:
     async def start_run(self, run: CronRun, task: Task) -> StoredEvent | None:
         """Claim the run and create its task in one transaction; None when the tick was taken."""
 
-        def work(s: Session) -> StoredEvent | None:
+        def work(s: Tx) -> StoredEvent | None:
             if not _insert_run(s, run):
                 return None
             store._write_task(s, task, new=True)
@@ -116,14 +116,14 @@ class CronStore:
         return await self._run(work)
 
     async def get_run(self, run_id: str) -> CronRun | None:
-        def work(s: Session) -> CronRun | None:
+        def work(s: Tx) -> CronRun | None:
             rows = list(s.connection().execute(sa.select(RUNS).where(RUNS.c.run_id == run_id)))
             return _run_from_row(rows[0]) if rows else None
 
         return await self._run(work)
 
     async def open_runs(self, limit: int = 500) -> list[CronRun]:
-        def work(s: Session) -> list[CronRun]:
+        def work(s: Tx) -> list[CronRun]:
             rows = s.connection().execute(
                 sa.select(RUNS).where(RUNS.c.ended_at.is_(None)).order_by(RUNS.c.deadline_at).limit(limit)
             )
@@ -134,7 +134,7 @@ class CronStore:
     async def end_run(self, ended: CronRun) -> bool:
         """Record how a run ended; False when it had already ended (another replica won)."""
 
-        def work(s: Session) -> bool:
+        def work(s: Tx) -> bool:
             result = s.connection().execute(
                 sa.update(RUNS)
                 .where(RUNS.c.run_id == ended.run_id, RUNS.c.ended_at.is_(None))
@@ -147,7 +147,7 @@ class CronStore:
     async def list_runs(self, cron_id: str, page_size: int, clamp: Callable[[int], int]) -> tuple[int, list[CronRun]]:
         """(total, the runs of the page ``clamp(total)`` picks), newest first."""
 
-        def work(s: Session) -> tuple[int, list[CronRun]]:
+        def work(s: Tx) -> tuple[int, list[CronRun]]:
             conn = s.connection()
             where = RUNS.c.cron_id == cron_id
             total = int(conn.execute(sa.select(sa.func.count()).select_from(RUNS).where(where)).scalar_one())

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import BigInteger, ColumnElement, func, text
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import Field, SQLModel
 
 from libs.db import Database, Migration
 from services.scheduler.domain import (
@@ -35,7 +35,7 @@ from services.scheduler.domain import (
     release_when_requeued,
     stop_elsewhere,
 )
-from services.scheduler.group_commit import GroupCommit
+from services.scheduler.group_commit import GroupCommit, Tx
 
 MIGRATIONS = [
     Migration(
@@ -183,12 +183,12 @@ class SecondReplica(Exception):
     """Another scheduler replica is live on a database that allows only one (SQLite)."""
 
 
-def notify(session: Session, payload: str) -> None:
+def notify(session: Tx, payload: str) -> None:
     """Queue a NOTIFY sent in this transaction (see ``SchedulerStore.send_notifications``)."""
     session.info.setdefault("notify", set()).add(payload)
 
 
-def _task_as_of_event(row: TaskEventRow, task: Task) -> Task:
+def _task_as_of_event(row: Any, task: Task) -> Task:
     """The current task with the state (and question) the event recorded."""
     task.state = State(row.state)
     doc = json.loads(row.doc)
@@ -232,7 +232,7 @@ _SELECT_ATTEMPTS = (
 )
 
 
-def _write_task(session: Session, task: Task, new: bool = False) -> None:
+def _write_task(session: Tx, task: Task, new: bool = False) -> None:
     doc = task.model_dump_json(exclude_none=True)
     conn = session.connection()
     if new:
@@ -275,7 +275,7 @@ def _event_doc(task: Task, event_type: str) -> dict[str, object]:
     return doc
 
 
-def _append_event(session: Session, task: Task, event_type: str, at: int, origin: str) -> StoredEvent:
+def _append_event(session: Tx, task: Task, event_type: str, at: int, origin: str) -> StoredEvent:
     result = session.connection().execute(
         _INSERT_EVENT,
         {
@@ -293,11 +293,11 @@ def _append_event(session: Session, task: Task, event_type: str, at: int, origin
     return StoredEvent(int(key[0]), event_type, at, task, origin)
 
 
-def _rows(session: Session, stmt: Any, params: dict[str, Any] | None = None) -> list[Any]:
+def _rows(session: Tx, stmt: Any, params: dict[str, Any] | None = None) -> list[Any]:
     return list(session.connection().execute(stmt, params or {}).all())
 
 
-def _link_continuation(s: Session, earlier_id: str, task: Task) -> None:
+def _link_continuation(s: Tx, earlier_id: str, task: Task) -> None:
     rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": earlier_id})
     if not rows:
         raise TaskNotFound("TASK_NOT_FOUND", f"no task {earlier_id}")
@@ -331,7 +331,7 @@ class SchedulerStore:
         same transaction (refused when another task continued it first).
         """
 
-        def work(s: Session) -> tuple[Task, StoredEvent | None]:
+        def work(s: Tx) -> tuple[Task, StoredEvent | None]:
             if task.request_id:
                 existing = _rows(
                     s,
@@ -355,7 +355,7 @@ class SchedulerStore:
             return await self._run(work)
 
     async def get_task(self, task_id: str) -> Task:
-        def work(s: Session) -> Task:
+        def work(s: Tx) -> Task:
             rows = _rows(s, _SELECT_TASK, {"task_id": task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
@@ -364,7 +364,7 @@ class SchedulerStore:
         return await self._run(work)
 
     async def find_task(self, task_id: str) -> Task | None:
-        def work(s: Session) -> Task | None:
+        def work(s: Tx) -> Task | None:
             rows = _rows(s, _SELECT_TASK, {"task_id": task_id})
             return _task_from_row(rows[0]) if rows else None
 
@@ -375,7 +375,7 @@ class SchedulerStore:
         if not task_ids:
             return {}
 
-        def work(s: Session) -> dict[str, Task]:
+        def work(s: Tx) -> dict[str, Task]:
             rows = _rows(s, sa.select(TASKS.c.task_id, TASKS.c.doc).where(TASKS.c.task_id.in_(task_ids)))
             return {r.task_id: _task_from_row(r) for r in rows}
 
@@ -392,7 +392,7 @@ class SchedulerStore:
     ) -> tuple[int, list[Task]]:
         """(total, tasks of the clamped page), newest first."""
 
-        def work(s: Session) -> tuple[int, list[Task]]:
+        def work(s: Tx) -> tuple[int, list[Task]]:
             where: list[ColumnElement[bool]] = [TASKS.c.agent_id == agent_id, TASKS.c.session_id == session_id]
             if not include_finished:
                 where.append(TASKS.c.state.in_(UNFINISHED))
@@ -419,7 +419,7 @@ class SchedulerStore:
         if not parent_ids:
             return []
 
-        def work(s: Session) -> list[Task]:
+        def work(s: Tx) -> list[Task]:
             rows = _rows(
                 s,
                 sa.select(TASKS.c.doc)
@@ -431,7 +431,7 @@ class SchedulerStore:
         return await self._run(work)
 
     async def count_children(self, parent_id: str) -> int:
-        def work(s: Session) -> int:
+        def work(s: Tx) -> int:
             query = sa.select(func.count()).select_from(TASKS).where(TASKS.c.parent_task_id == parent_id)
             return int(_rows(s, query)[0][0])
 
@@ -473,7 +473,7 @@ class SchedulerStore:
         session: tuple[str, str] | None,
         owner: str | None = None,
     ) -> list[Task]:
-        def work(s: Session) -> list[Task]:
+        def work(s: Tx) -> list[Task]:
             query = sa.select(TASKS.c.doc).where(TASKS.c.state.in_(values))
             if owner is not None:
                 query = query.where(TASKS.c.owner_host == owner)
@@ -507,7 +507,7 @@ class SchedulerStore:
         transaction.
         """
 
-        def work(s: Session) -> tuple[Task, StoredEvent | None]:
+        def work(s: Tx) -> tuple[Task, StoredEvent | None]:
             # FOR UPDATE: concurrent changes of one task (a report racing the exit
             # handler) serialize on PostgreSQL instead of losing an update. SQLite
             # already serializes writers (BEGIN IMMEDIATE).
@@ -542,7 +542,7 @@ class SchedulerStore:
         """Tasks ``failed`` ``GATEWAY_SHUTDOWN`` since ``since`` (ms), each with the event
         sequence of its failure: the candidates of start-up's legacy adoption."""
 
-        def work(s: Session) -> list[tuple[Task, int]]:
+        def work(s: Tx) -> list[tuple[Task, int]]:
             rows = _rows(
                 s,
                 sa.select(TASKS.c.task_id, TASKS.c.doc).where(
@@ -569,7 +569,7 @@ class SchedulerStore:
     async def due_question_closes(self, now: int, limit: int = 100) -> list[tuple[str, int]]:
         """Finished tasks whose questions are due to be closed: (task id, attempts so far)."""
 
-        def work(s: Session) -> list[tuple[str, int]]:
+        def work(s: Tx) -> list[tuple[str, int]]:
             rows = _rows(
                 s,
                 sa.select(QUESTION_CLOSES.c.task_id, QUESTION_CLOSES.c.attempts)
@@ -582,13 +582,13 @@ class SchedulerStore:
         return await self._run(work)
 
     async def question_close_done(self, task_id: str) -> None:
-        def work(s: Session) -> None:
+        def work(s: Tx) -> None:
             s.connection().execute(sa.delete(QUESTION_CLOSES).where(QUESTION_CLOSES.c.task_id == task_id))
 
         await self._run(work)
 
     async def question_close_failed(self, task_id: str, attempts: int, next_at: int) -> None:
-        def work(s: Session) -> None:
+        def work(s: Tx) -> None:
             s.connection().execute(
                 sa.update(QUESTION_CLOSES)
                 .where(QUESTION_CLOSES.c.task_id == task_id)
@@ -610,37 +610,42 @@ class SchedulerStore:
         wanted = set(types)
         again = list(recheck)
 
-        def work(s: Session) -> tuple[list[int], list[StoredEvent]]:
-            after: ColumnElement[bool] = col(TaskEventRow.id) > sequence
+        def work(s: Tx) -> tuple[list[int], list[StoredEvent]]:
+            after: ColumnElement[bool] = EVENTS.c.id > sequence
             if again:
-                after = after | col(TaskEventRow.id).in_(again)
-            rows = s.exec(select(TaskEventRow).where(after).order_by(col(TaskEventRow.id)).limit(limit)).all()
+                after = after | EVENTS.c.id.in_(again)
+            rows = _rows(s, sa.select(EVENTS).where(after).order_by(EVENTS.c.id).limit(limit))
             picked = [r for r in rows if not wanted or r.type in wanted]
             task_ids = {r.task_id for r in picked}
-            tasks = (
-                {t.task_id: t for t in _rows(s, sa.select(TASKS).where(TASKS.c.task_id.in_(task_ids)))}
+            docs = (
+                {
+                    t.task_id: t.doc
+                    for t in _rows(s, sa.select(TASKS.c.task_id, TASKS.c.doc).where(TASKS.c.task_id.in_(task_ids)))
+                }
                 if task_ids
                 else {}
             )
             events = [
-                StoredEvent(r.id or 0, r.type, r.at, _task_as_of_event(r, _task_from_row(tasks[r.task_id])), r.origin)
+                StoredEvent(
+                    r.id, r.type, r.at, _task_as_of_event(r, Task.model_validate_json(docs[r.task_id])), r.origin
+                )
                 for r in picked
             ]
-            return [r.id or 0 for r in rows], events
+            return [r.id for r in rows], events
 
         # Its own transaction, never in a group: it must see only what has committed
         # (a follower acts on what it reads).
-        return await self.db.run(work)
+        return await self.group.alone(work)
 
     async def last_event_id(self) -> int:
-        def work(s: Session) -> int:
+        def work(s: Tx) -> int:
             return int(_rows(s, sa.select(func.coalesce(func.max(EVENTS.c.id), 0)))[0][0])
 
-        return await self.db.run(work)
+        return await self.group.alone(work)
 
     # --- several hosts --------------------------------------------------------
 
-    def send_notifications(self, session: Session) -> None:
+    def send_notifications(self, session: Tx) -> None:
         """Send the transaction's queued NOTIFYs (PostgreSQL delivers them at commit, if it commits)."""
         payloads = session.info.pop("notify", None)
         if payloads and self.postgres:
@@ -657,7 +662,7 @@ class SchedulerStore:
         """
         skipped = list(skip)
 
-        def work(s: Session) -> list[str]:
+        def work(s: Tx) -> list[str]:
             query = sa.select(TASKS.c.doc).where(TASKS.c.state == State.QUEUED.value)
             if not any_owner:
                 query = query.where(sa.or_(TASKS.c.owner_host.is_(None), TASKS.c.owner_host == self.host_id))
@@ -680,7 +685,7 @@ class SchedulerStore:
         """Commit a ``launching`` attempt only while the task is still queued and this host's
         (the row lock orders it against another host's cancel or a lost-host sweep)."""
 
-        def work(s: Session) -> None:
+        def work(s: Tx) -> None:
             rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": attempt.task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {attempt.task_id}")
@@ -694,7 +699,7 @@ class SchedulerStore:
     async def register_host(self, boot_id: str, now: int, lease_ms: int, only_one: bool) -> None:
         """Record this host's lease; ``only_one`` (SQLite) refuses while another host's is live."""
 
-        def work(s: Session) -> None:
+        def work(s: Tx) -> None:
             if only_one:
                 others = _rows(
                     s,
@@ -710,12 +715,12 @@ class SchedulerStore:
                 {"host_id": self.host_id, "boot_id": boot_id, "started_at": now, "until": now + lease_ms},
             )
 
-        await self.db.run(work)
+        await self.group.alone(work)
 
     async def renew_lease(self, until: int) -> int | None:
         """Extend this host's lease to ``until``; the expiry it replaced (None: the row was gone)."""
 
-        def work(s: Session) -> int | None:
+        def work(s: Tx) -> int | None:
             rows = _rows(
                 s, sa.select(HOSTS.c.lease_expires_at).where(HOSTS.c.host_id == self.host_id).with_for_update()
             )
@@ -724,16 +729,18 @@ class SchedulerStore:
             )
             return int(rows[0][0]) if rows else None
 
-        return await self.db.run(work)
+        return await self.group.alone(work)
 
     async def release_lease(self) -> None:
         """A clean shutdown: this host's tasks were stopped and re-queued, nothing to sweep."""
-        await self.db.run(lambda s: s.connection().execute(sa.delete(HOSTS).where(HOSTS.c.host_id == self.host_id)))
+        await self.group.alone(
+            lambda s: s.connection().execute(sa.delete(HOSTS).where(HOSTS.c.host_id == self.host_id))
+        )
 
     async def release_claims(self) -> int:
         """This host's queued tasks go back to any host (a clean shutdown)."""
 
-        def work(s: Session) -> int:
+        def work(s: Tx) -> int:
             rows = _rows(
                 s,
                 sa.select(TASKS.c.doc)
@@ -752,37 +759,37 @@ class SchedulerStore:
     async def lost_hosts(self, before: int) -> list[str]:
         """Other hosts whose lease ended before ``before``."""
 
-        def work(s: Session) -> list[str]:
+        def work(s: Tx) -> list[str]:
             rows = _rows(
                 s,
                 sa.select(HOSTS.c.host_id).where(HOSTS.c.host_id != self.host_id, HOSTS.c.lease_expires_at < before),
             )
             return [r.host_id for r in rows]
 
-        return await self.db.run(work)
+        return await self.group.alone(work)
 
     async def tasks_held_by(self, host_id: str, limit: int = 500) -> list[str]:
         """Ids of tasks ``host_id`` claimed that may have a worker there (queued or active)."""
         states = [State.QUEUED.value, *(s.value for s in ACTIVE)]
 
-        def work(s: Session) -> list[str]:
+        def work(s: Tx) -> list[str]:
             rows = _rows(
                 s,
                 sa.select(TASKS.c.task_id).where(TASKS.c.owner_host == host_id, TASKS.c.state.in_(states)).limit(limit),
             )
             return [r.task_id for r in rows]
 
-        return await self.db.run(work)
+        return await self.group.alone(work)
 
     async def forget_host(self, host_id: str, expired_before: int) -> None:
         """Drop a lost host's row once none of its tasks is left to sweep (it re-registers if it returns)."""
 
-        def work(s: Session) -> None:
+        def work(s: Tx) -> None:
             s.connection().execute(
                 sa.delete(HOSTS).where(HOSTS.c.host_id == host_id, HOSTS.c.lease_expires_at < expired_before)
             )
 
-        await self.db.run(work)
+        await self.group.alone(work)
 
     async def sweep_lost(
         self, task_id: str, host_id: str, now: int, expired_before: int
@@ -790,7 +797,7 @@ class SchedulerStore:
         """One task of a lost host, in one transaction: a queued one it never began launching is
         released to any host; anything else waits in needs_reconciliation (HOST_LOST)."""
 
-        def work(s: Session) -> tuple[Task, StoredEvent | None]:
+        def work(s: Tx) -> tuple[Task, StoredEvent | None]:
             rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
@@ -835,7 +842,7 @@ class SchedulerStore:
         host's own.
         """
 
-        def work(s: Session) -> tuple[Task, StoredEvent | None]:
+        def work(s: Tx) -> tuple[Task, StoredEvent | None]:
             rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
@@ -867,7 +874,7 @@ class SchedulerStore:
         this host's, so exactly one host's recovery looks after them."""
         states = [s.value for s in (*ACTIVE, State.NEEDS_RECONCILIATION)]
 
-        def work(s: Session) -> int:
+        def work(s: Tx) -> int:
             rows = _rows(
                 s,
                 sa.select(TASKS.c.doc).where(TASKS.c.owner_host.is_(None), TASKS.c.state.in_(states)).with_for_update(),
@@ -879,7 +886,7 @@ class SchedulerStore:
                 _write_task(s, task)
             return len(rows)
 
-        return await self.db.run(work)
+        return await self.group.alone(work)
 
     # --- attempts ----------------------------------------------------------
 
@@ -889,14 +896,14 @@ class SchedulerStore:
     async def save_attempts(self, attempts: list[Attempt]) -> None:
         """Several attempts in one transaction."""
 
-        def work(s: Session) -> None:
+        def work(s: Tx) -> None:
             for attempt in attempts:
                 _write_attempt(s, attempt)
 
         await self._run(work)
 
     async def attempts_of(self, task_id: str) -> list[Attempt]:
-        def work(s: Session) -> list[Attempt]:
+        def work(s: Tx) -> list[Attempt]:
             rows = _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
             return [Attempt.model_validate_json(r.doc) for r in rows]
 
@@ -905,7 +912,7 @@ class SchedulerStore:
     async def launching_attempts(self) -> list[Attempt]:
         """Attempts still marked ``launching`` (of any boot): recovery checks the earlier ones."""
 
-        def work(s: Session) -> list[Attempt]:
+        def work(s: Tx) -> list[Attempt]:
             # The state lives in the JSON document; the filter is a cheap prefilter.
             rows = _rows(s, sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.doc.contains('"state":"launching"')))
             return [a for a in (Attempt.model_validate_json(r.doc) for r in rows) if a.state == "launching"]
@@ -913,7 +920,7 @@ class SchedulerStore:
         return await self._run(work)
 
     async def task_with_attempts(self, task_id: str) -> tuple[Task, list[Attempt]]:
-        def work(s: Session) -> tuple[Task, list[Attempt]]:
+        def work(s: Tx) -> tuple[Task, list[Attempt]]:
             rows = _rows(s, _SELECT_TASK, {"task_id": task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
@@ -925,7 +932,7 @@ class SchedulerStore:
     async def count_by_state(self) -> dict[str, int]:
         """How many tasks are in each state (the metrics' gauge, computed on scrape)."""
 
-        def work(s: Session) -> dict[str, int]:
+        def work(s: Tx) -> dict[str, int]:
             rows = _rows(s, sa.select(TASKS.c.state, sa.func.count()).group_by(TASKS.c.state))
             return {str(r[0]): int(r[1]) for r in rows}
 
@@ -946,7 +953,7 @@ _UPSERT_ATTEMPT = text(
 )
 
 
-def _write_attempt(s: Session, attempt: Attempt) -> None:
+def _write_attempt(s: Tx, attempt: Attempt) -> None:
     """One statement, insert or update: a worker's first report may race the launch's commit."""
     s.connection().execute(
         _UPSERT_ATTEMPT,
