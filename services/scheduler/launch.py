@@ -24,7 +24,6 @@ from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutc
 from services.scheduler.runtime import LiveAttempt, Runtime, hash_token
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
-from services.scheduler.store import NotOwner
 from services.scheduler.worker_log import attempt_log_path
 
 log = structlog.get_logger("scheduler")
@@ -68,6 +67,12 @@ class Launcher:
         self.stopper = stopper
         # Gateway-managed tasks are dispatched, not launched (``dispatch_targets``; set by the engine).
         self.targets: TargetDispatcher | None = None
+        # What of the scheduler's environment any worker may inherit, read once: decoding all
+        # of ``os.environ`` per launch cost more than building the rest of the worker's env.
+        inheritable = {name for p in rt.settings.workers.values() for name in p.inherit_env}
+        self.environ = {
+            k: v for k, v in os.environ.items() if k in ALLOWED_ENV or k.startswith("LC_") or k in inheritable
+        }
 
     async def dispatch_loop(self) -> None:
         rt = self.rt
@@ -106,51 +111,43 @@ class Launcher:
     async def launch(self, task_id: str) -> bool:
         rt = self.rt
         async with rt.locks[task_id]:
-            task, previous = await rt.store.task_with_attempts(task_id)
-            if task.state != State.QUEUED or task_id in rt.live or rt.closing or not rt.mine(task):
+            if task_id in rt.live or rt.closing:
                 return False
-            if task.gateway_managed and self.targets is not None:
-                return await self.targets.dispatch(task, previous)  # no process, no pool slot
             now = rt.clock.now_ms()
-            profile = rt.settings.workers.get(task.profile)
-            if profile is None:
-                await self.settler.finish(
-                    task_id,
-                    State.FAILED,
-                    Failure(
-                        code=FailureCode.WORKER_LAUNCH_FAILED,
-                        message=f"worker profile {task.profile!r} is no longer configured",
-                    ),
-                )
-                return False
-            if task.profile in rt.cannot_run:
-                await self.settler.finish(
-                    task_id,
-                    State.FAILED,
-                    Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=rt.cannot_run[task.profile]),
-                )
-                return False
             token = secrets.token_urlsafe(32)
-            attempt_id = uuid.uuid4().hex
-            attempt = Attempt(
-                attempt_id=attempt_id,
-                task_id=task_id,
-                number=len(previous) + 1,
-                boot_id=rt.boot_id,
-                token_hash=hash_token(token),
-                harness=task.harness,
-                harness_model=task.harness_model,
-                state="launching",
-                cgroup=rt.ownership.cgroup_for(attempt_id),
-                host_id=rt.host_id,
-            )
-            # Committed before the fork: whatever happens next, recovery finds this row; and
-            # only while the task is still queued and this host's (another host's cancel or a
-            # lost-host sweep may have come first).
-            try:
-                await rt.store.save_launching_attempt(attempt)
-            except NotOwner:
+
+            def plan(task: Task, previous: list[Attempt]) -> Attempt | None:
+                """The attempt to launch (None: a gateway-managed task, or a profile that cannot run)."""
+                if task.gateway_managed and self.targets is not None:
+                    return None
+                if task.profile not in rt.settings.workers or task.profile in rt.cannot_run:
+                    return None
+                attempt_id = uuid.uuid4().hex
+                return Attempt(
+                    attempt_id=attempt_id,
+                    task_id=task_id,
+                    number=len(previous) + 1,
+                    boot_id=rt.boot_id,
+                    token_hash=hash_token(token),
+                    harness=task.harness,
+                    harness_model=task.harness_model,
+                    state="launching",
+                    cgroup=rt.ownership.cgroup_for(attempt_id),
+                    host_id=rt.host_id,
+                )
+
+            # The task, its earlier attempts and (for a worker) the `launching` attempt row in one
+            # transaction. Committed before the fork: whatever happens next, recovery finds the
+            # row; and only while the task is still queued and this host's (another host's cancel
+            # or a lost-host sweep may have come first).
+            begun = await rt.store.begin_launch(task_id, plan)
+            if begun is None:
                 return False
+            task, previous, planned = begun
+            if planned is None:
+                return await self._not_launched(task, previous)
+            attempt = planned
+            profile = rt.settings.workers[task.profile]
             live = LiveAttempt(attempt=attempt, profile=profile)
             # Registered before the process exists, so its first call always finds it.
             rt.live[task_id] = live
@@ -158,17 +155,17 @@ class Launcher:
             run_as = rt.run_as.get(task.profile)
             log_path = attempt_log_path(rt.settings.data_dir, task_id, attempt.number)
             try:
-                await rt.ownership.forking(attempt)
+                await rt.ownership.forking(attempt, create_cgroup=False)  # the spawn creates it
                 addr = rt.worker_addr(run_as.uid if run_as else None)
                 command = profile.command
                 if profile.container is not None:  # created and admitted first; refused -> nothing runs
                     command = await containers.ContainerEngine(profile.container).prepare(
-                        containers.container_name(attempt_id), profile.command, Path(task.workspace_path)
+                        containers.container_name(attempt.attempt_id), profile.command, Path(task.workspace_path)
                     )
                 launched = await processes.launch(
                     command,
                     Path(task.workspace_path),
-                    worker_env(os.environ, task, attempt, profile, run_as, addr),
+                    worker_env(self.environ, task, attempt, profile, run_as, addr),
                     log_path,
                     token,
                     run_as=run_as,
@@ -227,6 +224,17 @@ class Launcher:
             rt.spawn(self.wait_exit(task_id, live), f"wait-{task_id}")
             return True
 
+    async def _not_launched(self, task: Task, previous: list[Attempt]) -> bool:
+        """A claimed task that gets no worker here: dispatched to its target, or failed."""
+        rt = self.rt
+        if task.gateway_managed and self.targets is not None:
+            return await self.targets.dispatch(task, previous)  # no process, no pool slot
+        message = rt.cannot_run.get(task.profile, f"worker profile {task.profile!r} is no longer configured")
+        await self.settler.finish(
+            task.task_id, State.FAILED, Failure(code=FailureCode.WORKER_LAUNCH_FAILED, message=message)
+        )
+        return False
+
     async def launch_failed_after_spawn(self, live: LiveAttempt, exc: Exception) -> None:
         """A spawned worker whose launch could not be committed is stopped, never left running."""
         rt = self.rt
@@ -270,16 +278,13 @@ class Launcher:
                     return  # the stopper records the outcome
                 state, failure = domain.describe_exit(returncode)
                 attempt.outcome = "exited" if returncode >= 0 else "killed"
-                result = None
-                if state == State.COMPLETED:
-                    result = domain.exit_result(state, (await rt.store.get_task(task_id)).result)
                 await self.settler.finish(
                     task_id,
                     state,
                     failure,
-                    result=result,
                     attempt=attempt,
                     only_from=(State.RUNNING, State.WAITING_INPUT),
+                    keep_reported_result=state == State.COMPLETED,
                 )
                 log.info("worker_exited", task_id=task_id, returncode=returncode, state=state.value)
         finally:

@@ -87,11 +87,12 @@ class Ownership:
     def cgroup_for(self, attempt_id: str) -> str | None:
         return str(self.cgroups.path_for(attempt_id)) if self.cgroups else None
 
-    async def forking(self, attempt: Attempt) -> None:
-        """The attempt is about to fork: own it, and create its cgroup."""
+    async def forking(self, attempt: Attempt, create_cgroup: bool = True) -> None:
+        """The attempt is about to fork: own it, and create its cgroup (unless the spawn does:
+        ``processes.launch`` creates the one it is given, in the same hop to a thread)."""
         self.owned[attempt.attempt_id] = attempt
         self._forking[attempt.attempt_id] = proctree.boot_ticks() - 1
-        if self.cgroups is not None:
+        if self.cgroups is not None and create_cgroup:
             await asyncio.to_thread(self.cgroups.create, attempt.attempt_id)
 
     def forked(self, attempt: Attempt) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import grp
 import os
 import pwd
@@ -230,51 +229,33 @@ async def launch(
     run_as: RunAs | None = None,
     cgroup: Path | None = None,
 ) -> Launched:
-    """Spawn the worker held before exec, in ``cgroup`` when given; ``release()`` runs it."""
+    """Spawn the worker held before exec, in ``cgroup`` when given; ``release()`` runs it.
+
+    The blocking steps (log file, fork/exec, moving into the cgroup, reading the kernel
+    start time) run in one hop to a thread: off the event loop, and one hop, not four.
+    """
     argv = resolve_command(command)
-    log_file = await asyncio.to_thread(_prepare, cwd, log_path, argv[0], env.get("PATH"), run_as)
     go_r, go_w = os.pipe()
-    tok_r, tok_w = os.pipe()
     os.set_inheritable(go_w, False)
+    held = ["/bin/sh", "-c", TRAMPOLINE, "taskgate-launch", *argv]
+    if run_as is not None:
+        # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
+        held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
     try:
-        try:
-            os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
-        finally:
-            os.close(tok_w)
-        held = ["/bin/sh", "-c", TRAMPOLINE, "taskgate-launch", *argv]
-        if run_as is not None:
-            # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
-            held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
-        with log_file:
-            # The fork and exec run in a thread, off the event loop. Never user=/group=/
-            # extra_groups=/preexec_fn= here: CPython would fork() instead of vfork().
-            popen = await asyncio.to_thread(
-                functools.partial(
-                    subprocess.Popen,
-                    held,
-                    cwd=str(cwd),
-                    env={**env, TOKEN_FD_ENV: str(tok_r)},
-                    stdin=go_r,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # own session, so its own process group
-                    pass_fds=(tok_r,),
-                    umask=0o022,  # the services run with umask 077 (private files); a worker gets the usual one
-                )
-            )
-            process = WorkerProcess(popen)
+        process, start_time = await asyncio.to_thread(
+            _spawn_held, held, argv[0], cwd, env, log_path, token, go_r, run_as, cgroup
+        )
+    except _SpawnedButUnplaced as exc:
+        os.close(go_w)  # the held trampoline exits without exec'ing anything
+        exc.process.abandon()
+        raise exc.error from None
     except BaseException:
         os.close(go_w)
         raise
     finally:
         os.close(go_r)
-        os.close(tok_r)
-    launched = Launched(process=process, pid=process.pid, pgid=process.pid, start_time=None, go_fd=go_w)
+    launched = Launched(process=process, pid=process.pid, pgid=process.pid, start_time=start_time, go_fd=go_w)
     try:
-        if cgroup is not None:
-            await asyncio.to_thread(cgroups.add, cgroup, process.pid)
-        # Held, so it is alive and this is the worker's identity (exec keeps it).
-        launched.start_time = await asyncio.to_thread(proctree.start_time_of, process.pid)
         if launched.start_time is None:
             # Died while held (it could not switch users, or was killed): fail the launch now,
             # rather than at the release with a broken pipe.
@@ -287,6 +268,62 @@ async def launch(
         process.abandon()
         raise
     return launched
+
+
+class _SpawnedButUnplaced(Exception):
+    """The worker was spawned but could not be put in its cgroup (its process goes with it)."""
+
+    def __init__(self, process: WorkerProcess, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.process = process
+        self.error = error
+
+
+def _spawn_held(
+    held: list[str],
+    argv0: str,
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    token: str,
+    go_r: int,
+    run_as: RunAs | None,
+    cgroup: Path | None,
+) -> tuple[WorkerProcess, int | None]:
+    """(Blocking.) The held trampoline, in its cgroup, with its kernel start time (None: it died)."""
+    log_file = _prepare(cwd, log_path, argv0, env.get("PATH"), run_as)
+    if cgroup is not None:
+        cgroup.mkdir(parents=True, exist_ok=True)  # the folder itself may have been cleaned up meanwhile
+    tok_r, tok_w = os.pipe()
+    try:
+        try:
+            os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
+        finally:
+            os.close(tok_w)
+        with log_file:
+            # Never user=/group=/extra_groups=/preexec_fn= here: CPython would fork() instead
+            # of vfork().
+            popen = subprocess.Popen(
+                held,
+                cwd=str(cwd),
+                env={**env, TOKEN_FD_ENV: str(tok_r)},
+                stdin=go_r,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own session, so its own process group
+                pass_fds=(tok_r,),
+                umask=0o022,  # the services run with umask 077 (private files); a worker gets the usual one
+            )
+    finally:
+        os.close(tok_r)
+    process = WorkerProcess(popen)
+    if cgroup is not None:
+        try:
+            cgroups.add(cgroup, process.pid)  # created with the log folder, before the fork
+        except BaseException as exc:
+            raise _SpawnedButUnplaced(process, exc) from exc
+    # Held, so it is alive and this is the worker's identity (exec keeps it).
+    return process, proctree.start_time_of(process.pid)
 
 
 @dataclass

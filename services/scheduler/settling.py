@@ -26,12 +26,16 @@ class Settler:
         result: Result | None = None,
         attempt: Attempt | None = None,
         only_from: tuple[State, ...] | None = None,
+        keep_reported_result: bool = False,
     ) -> Task:
+        """``keep_reported_result``: the worker exited 0, so the task completes with the result it
+        reported — read in the same transaction, so a report racing the exit is not lost."""
         rt = self.rt
         now = rt.clock.now_ms()
 
         def change(t: Task) -> Task | None:
-            return t if domain.finish(t, state, now, failure, result, only_from) else None
+            final = domain.exit_result(state, t.result) if keep_reported_result else result
+            return t if domain.finish(t, state, now, failure, final, only_from) else None
 
         task, stored = await rt.store.update_task(task_id, change, "task.state_changed", now, attempt=attempt)
         if stored is None and attempt is not None:

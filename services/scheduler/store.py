@@ -681,6 +681,29 @@ class SchedulerStore:
 
         return await self._run(work)
 
+    async def begin_launch(
+        self, task_id: str, plan: Callable[[Task, list[Attempt]], Attempt | None]
+    ) -> tuple[Task, list[Attempt], Attempt | None] | None:
+        """A claimed task with its attempts and, when ``plan`` makes one, its ``launching``
+        attempt committed — one transaction, taken only while the task is still queued and
+        this host's (the row lock orders it against another host's cancel or a lost-host
+        sweep). None: the task is gone or no longer this host's to launch."""
+
+        def work(s: Tx) -> tuple[Task, list[Attempt], Attempt | None] | None:
+            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+            if not rows:
+                return None
+            task = _task_from_row(rows[0])
+            if task.state != State.QUEUED or task.owner_host != self.host_id:
+                return None
+            previous = [Attempt.model_validate_json(r.doc) for r in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})]
+            attempt = plan(task, previous)
+            if attempt is not None:
+                _write_attempt(s, attempt)
+            return task, previous, attempt
+
+        return await self._run(work)
+
     async def save_launching_attempt(self, attempt: Attempt) -> None:
         """Commit a ``launching`` attempt only while the task is still queued and this host's
         (the row lock orders it against another host's cancel or a lost-host sweep)."""

@@ -50,15 +50,17 @@ async def test_the_attempt_row_is_committed_launching_before_the_fork(tmp_path: 
         await real_launch(attempt)
         seen.append((attempt.state, attempt.pid, bool(attempt.token_hash)))
 
-    real_launching = h.engine.store.save_launching_attempt
+    real_launching = h.engine.store.begin_launch
 
-    async def spy_launching(attempt: Any) -> None:
-        await real_launching(attempt)
+    async def spy_launching(task_id: str, plan: Any) -> Any:
+        begun = await real_launching(task_id, plan)
+        attempt = begun[2]
         seen.append((attempt.state, attempt.pid, bool(attempt.token_hash)))
+        return begun
 
     h.engine.store.save_attempt = spy  # type: ignore[method-assign]
-    # The first save checks the task is still queued and this host's (see store.save_launching_attempt).
-    h.engine.store.save_launching_attempt = spy_launching  # type: ignore[method-assign]
+    # The first save checks the task is still queued and this host's (see store.begin_launch).
+    h.engine.store.begin_launch = spy_launching  # type: ignore[method-assign]
     try:
         task = await h.create("sleeper")
         await h.engine.dispatch_once()
