@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections import namedtuple
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
+from sqlalchemy.sql import ClauseElement
 
 from libs.db import Database
 
@@ -39,6 +41,42 @@ class Tx:
 
     def connection(self) -> Connection:
         return self.conn
+
+
+class Direct:
+    """A hot statement compiled once per dialect by SQLAlchemy and run on the driver's cursor.
+
+    SQLAlchemy's execution path (context, cache lookup, result object) costs tens of µs a
+    statement — more than SQLite's own work for a primary-key lookup — and a task's life runs
+    a dozen such statements. ``keys``: the parameters (an insert's columns) it is run with.
+    """
+
+    def __init__(self, stmt: ClauseElement, keys: Sequence[str] = (), returns: Sequence[str] = ()) -> None:
+        self.stmt = stmt
+        self.keys = list(keys)
+        self.row: Any = namedtuple("Row", returns) if returns else None  # type: ignore[misc]
+        self._compiled: dict[str, tuple[str, list[str] | None]] = {}
+
+    def _for(self, conn: Connection) -> tuple[str, list[str] | None]:
+        found = self._compiled.get(conn.dialect.name)
+        if found is None:
+            compiled = self.stmt.compile(dialect=conn.dialect, column_keys=self.keys or None)
+            positional = getattr(compiled, "positional", False)  # qmark (SQLite) vs named (psycopg)
+            order = list(getattr(compiled, "positiontup", None) or []) if positional else None
+            found = self._compiled[conn.dialect.name] = (compiled.string, order)
+        return found
+
+    def execute(self, tx: Tx, params: dict[str, Any]) -> Any:
+        """The driver's cursor after running the statement with ``params``."""
+        sql, order = self._for(tx.conn)
+        driver = tx.conn.connection.driver_connection
+        assert driver is not None
+        return driver.execute(sql, tuple(params[k] for k in order) if order is not None else params)
+
+    def rows(self, tx: Tx, params: dict[str, Any]) -> list[Any]:
+        assert self.row is not None
+        make = self.row._make
+        return [make(r) for r in self.execute(tx, params).fetchall()]
 
 
 Unit = Callable[[Tx], Any]

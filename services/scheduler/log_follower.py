@@ -15,6 +15,8 @@ from services.scheduler.runtime import Runtime
 
 # How long a log follower looks again for an id skipped in the event log.
 LOG_GAP_WAIT_MS = 10_000
+# How long a busy follower lets events gather before it reads them.
+BUSY_COALESCE_S = 0.005
 
 
 class LogFollower:
@@ -55,5 +57,11 @@ class LogFollower:
                         await asyncio.wait_for(sub.queue.get(), timeout=0.5 if gaps else 5.0)
                     except TimeoutError:
                         pass
+                    else:
+                        if fresh:
+                            # Busy (this read found events): let the next few commit first, so
+                            # one read serves a burst instead of one read per event. A lone
+                            # event after a quiet spell is read at once.
+                            await asyncio.sleep(BUSY_COALESCE_S)
                     while not sub.queue.empty():
                         sub.queue.get_nowait()

@@ -35,7 +35,7 @@ from services.scheduler.domain import (
     release_when_requeued,
     stop_elsewhere,
 )
-from services.scheduler.group_commit import GroupCommit, Tx
+from services.scheduler.group_commit import Direct, GroupCommit, Tx
 
 MIGRATIONS = [
     Migration(
@@ -206,9 +206,10 @@ def _task_from_row(row: Any) -> Task:
 # so no unit in a group commit can see another's stale copy.
 TASKS = TaskRow.__table__  # type: ignore[attr-defined]
 EVENTS = TaskEventRow.__table__  # type: ignore[attr-defined]
-_SELECT_TASK = sa.select(TASKS.c.doc).where(TASKS.c.task_id == sa.bindparam("task_id"))
-_SELECT_TASK_FOR_UPDATE = _SELECT_TASK.with_for_update()
-_UPDATE_TASK = (
+_SELECT_TASK_SQL = sa.select(TASKS.c.doc).where(TASKS.c.task_id == sa.bindparam("task_id"))
+_SELECT_TASK = Direct(_SELECT_TASK_SQL, returns=["doc"])
+_SELECT_TASK_FOR_UPDATE = Direct(_SELECT_TASK_SQL.with_for_update(), returns=["doc"])
+_UPDATE_TASK = Direct(
     sa.update(TASKS)
     .where(TASKS.c.task_id == sa.bindparam("k_task_id"))
     .values(
@@ -219,25 +220,31 @@ _UPDATE_TASK = (
     )
 )
 HOSTS = SchedulerHostRow.__table__  # type: ignore[attr-defined]
-_INSERT_TASK = sa.insert(TASKS)
-_INSERT_EVENT = sa.insert(EVENTS)
+_TASK_COLUMNS = [
+    "task_id", "agent_id", "session_id", "state", "request_id", "created_at", "updated_at", "doc", "owner_host",
+    "parent_task_id",
+]  # fmt: skip
+_INSERT_TASK = Direct(sa.insert(TASKS), keys=_TASK_COLUMNS)
+_EVENT_COLUMNS = ["task_id", "type", "at", "state", "doc", "origin"]
+_INSERT_EVENT = Direct(sa.insert(EVENTS).returning(EVENTS.c.id), keys=_EVENT_COLUMNS, returns=["id"])
 ATTEMPTS = AttemptRow.__table__  # type: ignore[attr-defined]
 QUESTION_CLOSES = QuestionCloseRow.__table__  # type: ignore[attr-defined]
-_SELECT_QUESTION_CLOSE = sa.select(QUESTION_CLOSES.c.task_id).where(
-    QUESTION_CLOSES.c.task_id == sa.bindparam("task_id")
+_SELECT_QUESTION_CLOSE = Direct(
+    sa.select(QUESTION_CLOSES.c.task_id).where(QUESTION_CLOSES.c.task_id == sa.bindparam("task_id")),
+    returns=["task_id"],
 )
-_INSERT_QUESTION_CLOSE = sa.insert(QUESTION_CLOSES)
-_SELECT_ATTEMPTS = (
-    sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.task_id == sa.bindparam("task_id")).order_by(ATTEMPTS.c.number)
+_INSERT_QUESTION_CLOSE = Direct(sa.insert(QUESTION_CLOSES), keys=["task_id", "attempts", "next_at"])
+_SELECT_ATTEMPTS = Direct(
+    sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.task_id == sa.bindparam("task_id")).order_by(ATTEMPTS.c.number),
+    returns=["doc"],
 )
 
 
 def _write_task(session: Tx, task: Task, new: bool = False) -> None:
     doc = task.model_dump_json(exclude_none=True)
-    conn = session.connection()
     if new:
-        conn.execute(
-            _INSERT_TASK,
+        _INSERT_TASK.execute(
+            session,
             {
                 "task_id": task.task_id,
                 "agent_id": task.agent_id,
@@ -252,8 +259,8 @@ def _write_task(session: Tx, task: Task, new: bool = False) -> None:
             },
         )
     else:
-        conn.execute(
-            _UPDATE_TASK,
+        _UPDATE_TASK.execute(
+            session,
             {
                 "k_task_id": task.task_id,
                 "state": task.state.value,
@@ -276,8 +283,8 @@ def _event_doc(task: Task, event_type: str) -> dict[str, object]:
 
 
 def _append_event(session: Tx, task: Task, event_type: str, at: int, origin: str) -> StoredEvent:
-    result = session.connection().execute(
-        _INSERT_EVENT,
+    (key,) = _INSERT_EVENT.rows(
+        session,
         {
             "task_id": task.task_id,
             "type": event_type,
@@ -287,13 +294,13 @@ def _append_event(session: Tx, task: Task, event_type: str, at: int, origin: str
             "origin": origin,
         },
     )
-    key = result.inserted_primary_key
-    assert key is not None
     notify(session, f"events:{origin}")  # the other replicas' watchers follow the log
-    return StoredEvent(int(key[0]), event_type, at, task, origin)
+    return StoredEvent(int(key.id), event_type, at, task, origin)
 
 
 def _rows(session: Tx, stmt: Any, params: dict[str, Any] | None = None) -> list[Any]:
+    if isinstance(stmt, Direct):
+        return stmt.rows(session, params or {})
     return list(session.connection().execute(stmt, params or {}).all())
 
 
@@ -532,7 +539,7 @@ class SchedulerStore:
                 and self.may_have_asked(before)
                 and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": task_id})
             ):
-                s.connection().execute(_INSERT_QUESTION_CLOSE, {"task_id": task_id, "attempts": 0, "next_at": at})
+                _INSERT_QUESTION_CLOSE.execute(s, {"task_id": task_id, "attempts": 0, "next_at": at})
             stored = _append_event(s, after, event_type, at, self.host_id) if event_type else None
             return after, (dataclasses.replace(stored, previous=before.state) if stored else None)
 
@@ -969,17 +976,18 @@ _UPSERT_HOST = text(
     " ON CONFLICT (host_id) DO UPDATE SET boot_id = excluded.boot_id, started_at = excluded.started_at,"
     " lease_expires_at = excluded.lease_expires_at"
 )
-_UPSERT_ATTEMPT = text(
+_UPSERT_ATTEMPT_SQL = text(
     "INSERT INTO attempts (attempt_id, task_id, number, token_hash, doc)"
     " VALUES (:attempt_id, :task_id, :number, :token_hash, :doc)"
     " ON CONFLICT (attempt_id) DO UPDATE SET doc = excluded.doc"
 )
+_UPSERT_ATTEMPT = Direct(_UPSERT_ATTEMPT_SQL)
 
 
 def _write_attempt(s: Tx, attempt: Attempt) -> None:
     """One statement, insert or update: a worker's first report may race the launch's commit."""
-    s.connection().execute(
-        _UPSERT_ATTEMPT,
+    _UPSERT_ATTEMPT.execute(
+        s,
         {
             "attempt_id": attempt.attempt_id,
             "task_id": attempt.task_id,
