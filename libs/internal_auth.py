@@ -45,8 +45,17 @@ POLICY: dict[str, frozenset[str]] = {
     # The HTTP edge: task control for REST clients, answers, pending snapshots, conversations.
     "gateway": frozenset(
         _methods(
-            _SCHEDULER, "CreateTask", "GetTask", "ListTasks", "CancelTask", "RetryCleanup", "WatchTasks",
-            "PauseTask", "ResumeTask", "GetWorkerLog", "RecordDispatchOutcome",
+            _SCHEDULER,
+            "CreateTask",
+            "GetTask",
+            "ListTasks",
+            "CancelTask",
+            "RetryCleanup",
+            "WatchTasks",
+            "PauseTask",
+            "ResumeTask",
+            "GetWorkerLog",
+            "RecordDispatchOutcome",
         )
         | _methods(_PENDING, "AnswerQuestion", "GetQuestion", "GetSessionTask")
         | {_NOTIFIER + "*"}
@@ -65,7 +74,14 @@ POLICY: dict[str, frozenset[str]] = {
     # through the gateway, where a person's key and membership are checked.
     "frontend": frozenset(
         _methods(
-            _PENDING, "Ask", "Listen", "PickNext", "PickNextMatch", "Reply", "HasListener", "CancelSession",
+            _PENDING,
+            "Ask",
+            "Listen",
+            "PickNext",
+            "PickNextMatch",
+            "Reply",
+            "HasListener",
+            "CancelSession",
             "GetSessionTask",
         )
     ),
@@ -86,7 +102,6 @@ def allowed(identity: str, method: str) -> bool:
 def exempt(method: str) -> bool:
     """Health checking and reflection: open to anyone who can connect."""
     return method.startswith(EXEMPT_PREFIXES)
-
 
 
 def _digest(secret: str) -> bytes:

@@ -10,6 +10,7 @@ field; ``TASKGATE_TASKS_<NAME>`` sets ``[tasks] <name>``, ``TASKGATE_NOTIFIER_<N
 
 from __future__ import annotations
 
+import functools
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -388,7 +389,14 @@ class Settings(_Frozen):
 
     def agent_workspace(self, agent_id: str) -> Path:
         configured = self.agent(agent_id).workspace
-        return Path(configured) if configured else (self.data_dir / "workspaces" / agent_id).resolve()
+        return Path(configured) if configured else resolved_dir(self.data_dir) / "workspaces" / agent_id
+
+
+@functools.lru_cache(maxsize=64)
+def resolved_dir(path: Path) -> Path:
+    """The absolute, symlink-free form of a service's own folder, resolved once: a resolve
+    is a syscall per path component, and hot paths (each task's workspace and log) need it."""
+    return path.resolve()
 
 
 def load_settings(environ: Mapping[str, str]) -> Settings:

@@ -102,8 +102,9 @@ class GroupCommit:
         self._queue.append((unit, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="group-commit")
-        # shield: a caller that stops waiting does not undo a unit already in a transaction.
-        return await asyncio.shield(future)
+        # A caller that stops waiting cancels only its future: the unit is queued and runs
+        # all the same (the flush skips answering a cancelled future), as with a shield.
+        return await future
 
     async def alone(self, unit: Callable[[Tx], T]) -> T:
         """Run ``unit`` in a transaction of its own (it must see only what has committed)."""

@@ -516,17 +516,26 @@ class StopContext:
     cgroup_kill: bool = True  # the cgroup offers cgroup.kill (else freeze + SIGKILL)
 
 
-def look(attempt: Attempt, ctx: StopContext, table: dict[int, proctree.ProcStat] | None = None) -> TreeStatus:
+def look(
+    attempt: Attempt,
+    ctx: StopContext,
+    table: dict[int, proctree.ProcStat] | None = None,
+    remove_empty_cgroup: bool = False,
+) -> TreeStatus:
     """One pass (blocking; run it in a thread): record what is new, then say what still lives.
 
     ``table``: a process table read after the moment in question (else one is read here).
+    ``remove_empty_cgroup``: when nothing lives, the attempt's cgroup is removed too.
     """
     if table is None:
         table = ctx.table_reader()
     record_descendants(attempt, table)
     unattributed = ctx.orphan_check(table) if ctx.orphan_check is not None else []
     record_descendants(attempt, table)
-    return tree_status(attempt, table, unattributed)
+    status = tree_status(attempt, table, unattributed)
+    if remove_empty_cgroup and status.gone and attempt.cgroup:
+        cgroups.remove(Path(attempt.cgroup))
+    return status
 
 
 async def _wait_gone(attempt: Attempt, timeout_s: float, ctx: StopContext) -> TreeStatus:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import structlog
 
 from libs.settings import WorkerProfile
-from services.scheduler import cgroups, containers, domain, processes
+from services.scheduler import containers, domain, processes
 from services.scheduler.domain import Attempt, Cancellation, PendingOutcome, State, Task
 from services.scheduler.runtime import LiveAttempt, Runtime
 from services.scheduler.settling import Settler
@@ -71,12 +70,13 @@ class Stopper:
         # A table read after the exit, shared with other exits and the supervisor tick.
         container = await self.stop_container(live.attempt)  # the client's exit is not the container's
         table = await self.rt.scans.fresh()
-        status = await asyncio.to_thread(processes.look, live.attempt, ownership.stop_context(), table)
+        # One hop to a thread: the look, and the empty cgroup's removal when nothing is left.
+        status = await asyncio.to_thread(
+            processes.look, live.attempt, ownership.stop_context(), table, remove_empty_cgroup=not container
+        )
         status.container = container
         if status.gone:
             ownership.drop(live.attempt)
-            if live.attempt.cgroup:
-                await asyncio.to_thread(cgroups.remove, Path(live.attempt.cgroup))
             return
         task_id = live.attempt.task_id
         log.info("reaping_leftover_processes", task_id=task_id, detail=status.describe())

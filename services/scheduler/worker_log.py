@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.errors import FailedPrecondition
+from libs.settings import resolved_dir
 from services.scheduler.domain import InvalidArgument
 
 MAX_TAIL_BYTES = 65536
@@ -22,7 +23,7 @@ DEFAULT_TAIL_BYTES = 16384
 
 
 def attempt_log_path(data_dir: Path, task_id: str, number: int) -> Path:
-    return data_dir.resolve() / "logs" / task_id / f"attempt-{number}.log"
+    return resolved_dir(data_dir) / "logs" / task_id / f"attempt-{number}.log"
 
 
 @dataclass(frozen=True)
