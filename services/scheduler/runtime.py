@@ -28,6 +28,10 @@ from services.scheduler.scans import SharedScan
 from services.scheduler.store import SchedulerStore, StoredEvent
 
 
+# Process-table reads for exit proofs begin at least this far apart (``SharedScan``).
+SCAN_MIN_INTERVAL_S = 0.05
+
+
 class TelemetryHook(Protocol):
     """What the engine tells the telemetry agent; a no-op when there is none."""
 
@@ -104,7 +108,7 @@ class Runtime:
         self.hub = EventHub()
         self.metrics = LifecycleMetrics()
         self.table_reader = table_reader
-        self.scans = SharedScan(table_reader)
+        self.scans = SharedScan(table_reader, min_interval_s=SCAN_MIN_INTERVAL_S)
         self.live: dict[str, LiveAttempt] = {}  # task_id -> attempt being run now
         self.by_token: dict[str, LiveAttempt] = {}
         self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)

@@ -18,8 +18,13 @@ Table = dict[int, proctree.ProcStat]
 
 
 class SharedScan:
-    def __init__(self, reader: Callable[[], Table]) -> None:
+    def __init__(self, reader: Callable[[], Table], min_interval_s: float = 0.0) -> None:
         self._reader = reader
+        # Reads begin at least this far apart: under a stream of exits, each read then serves
+        # every exit of the interval instead of nearly one read per exit. An exit waits at
+        # most this long more for its proof.
+        self.min_interval_s = min_interval_s
+        self._last_start = float("-inf")
         self._next: asyncio.Future[Table] | None = None  # the read not begun yet
         self._runner: asyncio.Task[None] | None = None
         self.reads = 0  # how many reads were made (for tests and benchmarks)
@@ -34,9 +39,14 @@ class SharedScan:
         return await asyncio.shield(waiting)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._next is not None:
+            wait = self._last_start + self.min_interval_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)  # callers arriving meanwhile share this read
             # Callers arriving from here on wait for the next read: this one may be too early for them.
             future, self._next = self._next, None
+            self._last_start = loop.time()
             try:
                 table = await asyncio.to_thread(self._reader)
             except Exception as exc:  # every waiter sees the failure

@@ -46,3 +46,22 @@ async def test_a_failed_read_reaches_its_waiters_and_the_next_call_reads_again()
     with pytest.raises(OSError):
         await scan.fresh()
     assert await scan.fresh() == {7: None}
+
+
+async def test_reads_begin_at_least_the_minimum_interval_apart_and_callers_meanwhile_share_one() -> None:
+    import time
+
+    starts: list[float] = []
+
+    def reader() -> dict:  # type: ignore[type-arg]
+        starts.append(time.monotonic())
+        return {len(starts): None}
+
+    scan = SharedScan(reader, min_interval_s=0.3)
+    assert await scan.fresh() == {1: None}
+    called_at = time.monotonic()
+    # Exits arriving one after another within the interval: one read serves them all.
+    results = await asyncio.gather(*(scan.fresh() for _ in range(5)))
+    assert results == [{2: None}] * 5 and scan.reads == 2
+    assert starts[1] - starts[0] >= 0.3, "the second read waited out the interval"
+    assert starts[1] >= called_at, "and still began after the callers' calls"
