@@ -27,7 +27,6 @@ from services.scheduler.ownership import Ownership
 from services.scheduler.scans import SharedScan
 from services.scheduler.store import SchedulerStore, StoredEvent
 
-
 # Process-table reads for exit proofs begin at least this far apart (``SharedScan``).
 SCAN_MIN_INTERVAL_S = 0.05
 
