@@ -1297,13 +1297,22 @@ def validate_host_id(host_id: str) -> None:
         raise InvalidArgument("INVALID_HOST_ID", "host_id must be 1-128 printable characters without spaces")
 
 
-def check_resolvable(host_id: str, own_host_id: str, summary: HostSummary | None, now: int) -> None:
+def check_resolvable(
+    host_id: str, own_host_id: str, summary: HostSummary | None, now: int, multi_host: bool = True
+) -> None:
     """Refuse resolving a host that is this replica, that is live, or that nothing knows of.
 
     A live host (its lease renewed, or a process holding its id) reconciles its own tasks, with
-    proof; the operator's word is only for a host that will not come back.
+    proof; the operator's word is only for a host that will not come back. On SQLite there is
+    one replica and every task is its own (whatever host id it recorded): nothing to resolve.
     """
     validate_host_id(host_id)
+    if not multi_host:
+        raise errors.FailedPrecondition(
+            "SINGLE_HOST",
+            "this scheduler runs alone on SQLite and looks after every task itself; lost hosts exist only"
+            " with several replicas on PostgreSQL",
+        )
     if host_id == own_host_id:
         raise InvalidArgument(
             "OWN_HOST", f"host {host_id} is the scheduler serving this call; it reconciles its own tasks"

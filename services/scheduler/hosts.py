@@ -219,7 +219,7 @@ class LostHosts:
 
     async def resolve(self, host_id: str) -> HostResolution:
         rt = self.rt
-        domain.check_resolvable(host_id, rt.host_id, await self.summary(host_id), rt.clock.now_ms())
+        domain.check_resolvable(host_id, rt.host_id, await self.summary(host_id), rt.clock.now_ms(), rt.multi_host)
         now = rt.clock.now_ms()
         # The operator's word stands for the sweep's grace: what the host still held is marked
         # HOST_LOST first (never-launched claims are released), so nothing stays stranded on it.

@@ -290,6 +290,9 @@ def test_a_host_is_resolvable_only_when_not_live_not_this_replica_and_known() ->
         domain.check_resolvable("h1", "me", None, NOW)
     with pytest.raises(domain.InvalidArgument):
         domain.check_resolvable("", "me", lapsed, NOW)
+    with pytest.raises(domain.errors.FailedPrecondition) as single:  # SQLite: every task is the one replica's own
+        domain.check_resolvable("h1", "me", lapsed, NOW, multi_host=False)
+    assert single.value.reason == "SINGLE_HOST"
     hosts = [domain.HostSummary(f"h{i}") for i in (3, 1, 2)]
     page, token = domain.page_hosts(hosts, 2, "")
     assert [h.host_id for h in page] == ["h1", "h2"] and token == "h2"
