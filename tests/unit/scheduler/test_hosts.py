@@ -269,6 +269,11 @@ def test_resolving_a_gone_host_applies_the_kept_outcome_as_the_operators_word() 
     assert domain.resolve_host_gone(cancelling, "h1", NOW + 1)
     assert cancelling.state == State.CANCELLED and cancelling.cancellation is not None
     assert cancelling.cancellation.cleanup == domain.HOST_GONE_CLEANUP, "not 'confirmed': nothing was proven"
+    pausing = new_task(state=State.CANCEL_REQUESTED, owner="h1")
+    pausing.cancellation = Cancellation(requested_at=NOW, cause=domain.PAUSE_CAUSE)
+    domain.mark_host_lost(pausing, "h1", NOW)
+    assert domain.resolve_host_gone(pausing, "h1", NOW + 1) and pausing.state == State.PAUSED
+    assert not domain.resolve_host_gone(pausing, "h1", NOW + 2), "once"
     # Only HOST_LOST tasks of that host: an unproven cleanup, or another host's task, is left.
     unproven = new_task(state=State.RUNNING, owner="h1")
     domain.mark_unconfirmed(unproven, domain.interrupted_outcome(), "still there", NOW)
