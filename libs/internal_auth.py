@@ -89,9 +89,14 @@ POLICY: dict[str, frozenset[str]] = {
     "operator": frozenset({_SCHEDULER + "*", _CRONS + "*", _PENDING + "*", _TELEMETRY + "*", _NOTIFIER + "*"}),
 }
 IDENTITIES = tuple(POLICY)
+# Scheduler-host administration (list hosts, resolve a lost one on the operator's word): the
+# operator's alone, even should another identity's list grow a wildcard.
+OPERATOR_ONLY: frozenset[str] = frozenset(_methods(_SCHEDULER, "ListHosts", "ResolveLostHost"))
 
 
 def allowed(identity: str, method: str) -> bool:
+    if method in OPERATOR_ONLY and identity != "operator":
+        return False
     rules = POLICY.get(identity, frozenset())
     if method in rules:
         return True

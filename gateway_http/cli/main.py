@@ -1,6 +1,7 @@
 """The ``taskgate`` command.
 
-``taskgate admin ...`` works on the gateway's local database (operator only);
+``taskgate admin ...`` works on the gateway's local database (operator only), except
+``admin hosts``, which asks a scheduler over gRPC as the operator;
 ``taskgate tasks ...`` talks to the REST API (TASKGATE_URL, TASKGATE_API_KEY).
 """
 
@@ -18,7 +19,7 @@ from typing import Any, TextIO
 
 from gateway_http import safemode
 from gateway_http.chat import CHAT_ID_REGEX
-from gateway_http.cli import conversation, pending
+from gateway_http.cli import conversation, hosts, pending
 from gateway_http.cli.client import ApiFailure, RestClient
 from gateway_http.cli.tables import render_table
 from gateway_http.store import MIGRATIONS, GatewayStore
@@ -441,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--ttl-s", type=int, default=None, help="the grant expires after this many seconds")
         p.set_defaults(fn=cmd_safemode_change)
     ssub.add_parser("list").set_defaults(fn=cmd_safemode_list)
+    hosts.register(admin_sub, _settings)
 
     tasks = top.add_parser("tasks", help="tasks over the REST API")
     tasks.add_argument("--url", help="gateway URL (TASKGATE_URL, default http://127.0.0.1:8080)")
@@ -494,7 +496,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args, out or sys.stdout))
-    except (CliError, ApiFailure) as exc:
+    except (CliError, ApiFailure, hosts.HostsCliError) as exc:
         print(f"taskgate: {exc}", file=sys.stderr)
         return 2
 

@@ -244,3 +244,19 @@ def target_from_pb(req: pb.TargetRequest, safemode_cleared: bool) -> domain.Gate
         display_name=req.display_name or None,
         options=dict(req.options),
     )
+
+
+def host_to_pb(host: domain.HostSummary, now: int, serving_host_id: str) -> pb.SchedulerHost:
+    return pb.SchedulerHost(
+        host_id=host.host_id,
+        boot_id=host.boot_id or "",
+        start_time=ts(host.started_at),
+        lease_expire_time=ts(host.lease_expires_at),
+        lease_live=host.lease_live(now),
+        connected=host.connected,
+        serving=host.host_id == serving_host_id,
+        queued_tasks=host.queued,
+        active_tasks=host.active,
+        needs_reconciliation_tasks=host.needs_reconciliation,
+        host_lost_tasks=host.host_lost,
+    )

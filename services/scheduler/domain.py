@@ -1250,3 +1250,138 @@ def outcome_overdue(task: Task, timeout_ms: int, now: int) -> bool:
         return False
     sent = task.gateway_dispatch.submitted_at if task.gateway_dispatch else None
     return sent is not None and now - max(sent, task.updated_at) >= timeout_ms
+
+
+# --- lost hosts: the operator's way out ---------------------------------------------
+
+# A cancellation's cleanup when its worker was never proven stopped: the operator confirmed
+# its host gone for good (not "confirmed", which is a proof this scheduler made).
+HOST_GONE_CLEANUP = "host_gone"
+MAX_HOSTS_PAGE = 500
+
+
+class HostLive(errors.FailedPrecondition):
+    pass
+
+
+class HostNotFound(errors.NotFound):
+    pass
+
+
+@dataclass(frozen=True)
+class HostSummary:
+    """A scheduler host as the operator sees it: its lease row (absent once a sweep forgot it)
+    and the unfinished tasks that still name it as owner."""
+
+    host_id: str
+    boot_id: str | None = None
+    started_at: int | None = None
+    lease_expires_at: int | None = None
+    # A live process holds the host id (PostgreSQL: the listener's advisory lock).
+    connected: bool = False
+    queued: int = 0
+    active: int = 0
+    needs_reconciliation: int = 0
+    host_lost: int = 0
+
+    def lease_live(self, now: int) -> bool:
+        return self.lease_expires_at is not None and self.lease_expires_at >= now
+
+    @property
+    def holds_tasks(self) -> bool:
+        return bool(self.queued or self.active or self.needs_reconciliation)
+
+
+def validate_host_id(host_id: str) -> None:
+    if not host_id or len(host_id) > 128 or any(c.isspace() or not c.isprintable() for c in host_id):
+        raise InvalidArgument("INVALID_HOST_ID", "host_id must be 1-128 printable characters without spaces")
+
+
+def check_resolvable(
+    host_id: str, own_host_id: str, summary: HostSummary | None, now: int, multi_host: bool = True
+) -> None:
+    """Refuse resolving a host that is this replica, that is live, or that nothing knows of.
+
+    A live host (its lease renewed, or a process holding its id) reconciles its own tasks, with
+    proof; the operator's word is only for a host that will not come back. On SQLite there is
+    one replica and every task is its own (whatever host id it recorded): nothing to resolve.
+    """
+    validate_host_id(host_id)
+    if not multi_host:
+        raise errors.FailedPrecondition(
+            "SINGLE_HOST",
+            "this scheduler runs alone on SQLite and looks after every task itself; lost hosts exist only"
+            " with several replicas on PostgreSQL",
+        )
+    if host_id == own_host_id:
+        raise InvalidArgument(
+            "OWN_HOST", f"host {host_id} is the scheduler serving this call; it reconciles its own tasks"
+        )
+    if summary is None:
+        raise HostNotFound(
+            "HOST_NOT_FOUND",
+            f"no scheduler host {host_id} is known and no unfinished task names it"
+            " (a mistyped id, or already resolved)",
+            host_id=host_id,
+        )
+    if summary.lease_live(now) or summary.connected:
+        raise HostLive(
+            "HOST_LIVE",
+            f"scheduler host {host_id} is live ("
+            + ("its lease is renewed" if summary.lease_live(now) else "a process holds its host id")
+            + "); it reconciles its own tasks",
+            host_id=host_id,
+        )
+
+
+def host_gone_note(host_id: str) -> str:
+    return f"the operator confirmed scheduler host {host_id} gone; its worker was never proven stopped"
+
+
+def resolve_host_gone(task: Task, host_id: str, now: int) -> bool:
+    """The operator confirmed the task's lost host gone for good (its workers with it): a
+    HOST_LOST task gets the outcome its own recovery would have given (kept in
+    ``pending_outcome``), recorded as the operator's word rather than a proven stop."""
+    if (
+        task.owner_host != host_id
+        or task.state != State.NEEDS_RECONCILIATION
+        or task.failure is None
+        or task.failure.code != FailureCode.HOST_LOST
+    ):
+        return False
+    note = host_gone_note(host_id)
+    outcome = task.pending_outcome or interrupted_outcome()
+    if outcome.state == State.QUEUED:
+        outcome = PendingOutcome(
+            state=State.QUEUED, failure=Failure(code=FailureCode.HOST_LOST, message=note, retryable=True)
+        )
+    settle(task, outcome, now)
+    if task.state == State.QUEUED:
+        # resume_after_interruption wrote its generic code; the reader should see why.
+        task.failure = Failure(code=FailureCode.HOST_LOST, message=note, retryable=True)
+    elif task.failure is not None and note not in task.failure.message:
+        task.failure = task.failure.model_copy(update={"message": f"{task.failure.message} ({note})"})
+    if task.cancellation is not None:
+        task.cancellation.cleanup = HOST_GONE_CLEANUP
+    return True
+
+
+def end_attempt_on_gone_host(attempt: Attempt, host_id: str, now: int) -> bool:
+    """An attempt the gone host never ended: ended now, on the operator's word (a returning
+    host's recovery then has nothing of it left to look for)."""
+    if attempt.host_id != host_id or attempt.state == "ended":
+        return False
+    attempt.state = "ended"
+    attempt.outcome = attempt.outcome or HOST_GONE_CLEANUP
+    attempt.ended_at = attempt.ended_at or now
+    return True
+
+
+def page_hosts(hosts: list[HostSummary], page_size: int, page_token: str) -> tuple[list[HostSummary], str]:
+    """Hosts ordered by id, after ``page_token`` (the last id of the previous page)."""
+    if page_size < 0:
+        raise InvalidArgument("INVALID_PAGE_SIZE", "page_size must not be negative")
+    size = min(page_size or 100, MAX_HOSTS_PAGE)
+    rest = sorted((h for h in hosts if h.host_id > page_token), key=lambda h: h.host_id)
+    page = rest[:size]
+    return page, page[-1].host_id if len(rest) > size else ""

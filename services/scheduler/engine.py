@@ -34,7 +34,15 @@ from services.scheduler.crons import CronRunner
 from services.scheduler.dispatch_targets import TargetDispatcher
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
-from services.scheduler.hosts import EventRelay, HostIdInUse, HostLease, Listener, control_loop
+from services.scheduler.hosts import (
+    EventRelay,
+    HostIdInUse,
+    HostLease,
+    HostResolution,
+    Listener,
+    LostHosts,
+    control_loop,
+)
 from services.scheduler.launch import ALLOWED_ENV, Launcher
 from services.scheduler.log_follower import LOG_GAP_WAIT_MS, LogFollower
 from services.scheduler.question_closer import QuestionCloser
@@ -110,6 +118,7 @@ class Engine:
         self.lease = HostLease(rt, self.recovery.reconcile_host_lost)
         self.listener: Listener | None = Listener(rt, store.db.url) if rt.multi_host else None
         self.relay = EventRelay(rt, LOG_GAP_WAIT_MS)
+        self.lost_hosts = LostHosts(rt)
         self.crons = CronRunner(rt, self.catalog, lambda task_id, cause: self.cancel(task_id, cause))
         self.targets = TargetDispatcher(rt, self.settler)
         self.launcher.targets = self.targets
@@ -258,6 +267,14 @@ class Engine:
 
     async def recover(self) -> None:
         await self.recovery.recover()
+
+    # --- hosts (operator) ------------------------------------------------------
+
+    async def list_hosts(self) -> list[domain.HostSummary]:
+        return await self.lost_hosts.list()
+
+    async def resolve_lost_host(self, host_id: str) -> HostResolution:
+        return await self.lost_hosts.resolve(host_id)
 
     # --- workers -------------------------------------------------------------
 

@@ -20,12 +20,15 @@ import asyncio
 import hashlib
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
+from services.scheduler import domain
+from services.scheduler.domain import HostSummary, Task
 from services.scheduler.runtime import Runtime
-from services.scheduler.store import NOTIFY_CHANNEL, SecondReplica
+from services.scheduler.store import HOST_ID_LOCK, NOTIFY_CHANNEL, SecondReplica
 
 log = structlog.get_logger("scheduler")
 
@@ -65,9 +68,7 @@ class Listener:
         import psycopg
 
         conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-        cur = await conn.execute(
-            "SELECT pg_try_advisory_lock(hashtext(%s))", (f"taskgate.scheduler.host:{self.rt.host_id}",)
-        )
+        cur = await conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (HOST_ID_LOCK + self.rt.host_id,))
         row = await cur.fetchone()
         if not row or not row[0]:
             await conn.close()
@@ -183,6 +184,72 @@ class HostLease:
                     log.warning("host_lost_task", task_id=task_id, host_id=host)
             rt.wake.set()  # released tasks may run here
         return swept
+
+
+@dataclass(frozen=True)
+class HostResolution:
+    """What resolving a lost host did: the tasks settled on the operator's word, and what was left."""
+
+    host_id: str
+    resolved: list[Task] = field(default_factory=list)
+    # Tasks of that host in needs_reconciliation for another reason (e.g. CLEANUP_UNCONFIRMED).
+    left: int = 0
+    forgotten: bool = False
+
+    @property
+    def message(self) -> str:
+        if not self.resolved:
+            return f"nothing to resolve: host {self.host_id} holds no HOST_LOST task"
+        return f"resolved {len(self.resolved)} HOST_LOST task(s) of host {self.host_id}"
+
+
+class LostHosts:
+    """The operator's view of the scheduler hosts, and the way out of HOST_LOST for a host that
+    never comes back: the operator asserts it is gone (its workers with it) and its tasks get the
+    outcome their own host's recovery would have given them."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def list(self) -> list[HostSummary]:
+        return await self.rt.store.host_summaries()
+
+    async def summary(self, host_id: str) -> HostSummary | None:
+        return next((h for h in await self.list() if h.host_id == host_id), None)
+
+    async def resolve(self, host_id: str) -> HostResolution:
+        rt = self.rt
+        domain.check_resolvable(host_id, rt.host_id, await self.summary(host_id), rt.clock.now_ms(), rt.multi_host)
+        now = rt.clock.now_ms()
+        # The operator's word stands for the sweep's grace: what the host still held is marked
+        # HOST_LOST first (never-launched claims are released), so nothing stays stranded on it.
+        for task_id in await rt.store.tasks_held_by(host_id):
+            task, stored = await rt.store.sweep_lost(task_id, host_id, now, now)
+            rt.published(stored, task)
+        resolved: list[Task] = []
+        left = 0
+        after = ""
+        while batch := await rt.store.host_lost_tasks_of(host_id, after):
+            after = batch[-1]
+            for task_id in batch:
+                task, stored = await rt.store.resolve_host_gone(task_id, host_id, rt.clock.now_ms())
+                rt.published(stored, task)
+                if stored is None:
+                    left += 1
+                    continue
+                resolved.append(task)
+                log.warning(
+                    "host_lost_task_resolved", task_id=task_id, host_id=host_id, state=task.state.value, by="operator"
+                )
+                if task.state == domain.State.QUEUED:
+                    rt.wake.set()  # it may run here
+        forgotten = False
+        if not await rt.store.tasks_held_by(host_id, limit=1):
+            await rt.store.forget_host(host_id, now)
+            forgotten = True
+        result = HostResolution(host_id, resolved, left, forgotten)
+        log.info("lost_host_resolved", host_id=host_id, resolved=len(resolved), left=left, forgotten=forgotten)
+        return result
 
 
 class EventRelay:

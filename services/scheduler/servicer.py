@@ -101,6 +101,24 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         task = await self.engine.retry_cleanup(request.task_id)
         return pb.RetryCleanupResponse(task=convert.task_to_pb(task, self._now()))
 
+    async def ListHosts(self, request: pb.ListHostsRequest, context: grpc.aio.ServicerContext) -> pb.ListHostsResponse:
+        hosts, next_token = domain.page_hosts(await self.engine.list_hosts(), request.page_size, request.page_token)
+        now, own = self._now(), self.engine.runtime.host_id
+        return pb.ListHostsResponse(hosts=[convert.host_to_pb(h, now, own) for h in hosts], next_page_token=next_token)
+
+    async def ResolveLostHost(
+        self, request: pb.ResolveLostHostRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResolveLostHostResponse:
+        done = await self.engine.resolve_lost_host(request.host_id)
+        now = self._now()
+        return pb.ResolveLostHostResponse(
+            host_id=done.host_id,
+            resolved_tasks=[convert.task_to_pb(t, now) for t in done.resolved],
+            left_tasks=done.left,
+            host_forgotten=done.forgotten,
+            message=done.message,
+        )
+
     async def GetWorkerLog(
         self, request: pb.GetWorkerLogRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetWorkerLogResponse:

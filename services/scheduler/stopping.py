@@ -260,7 +260,8 @@ class Stopper:
                 # Its processes are on another host: only that host can look for proof.
                 raise domain.InvalidTransition(
                     "TASK_ON_OTHER_HOST",
-                    f"task {task_id} is owned by scheduler host {task.owner_host}; retry its cleanup there",
+                    f"task {task_id} is owned by scheduler host {task.owner_host}; retry its cleanup there"
+                    " (a host gone for good: `taskgate admin hosts resolve HOST --host-is-gone`)",
                     owner_host=task.owner_host or "",
                 )
             attempts = await rt.store.attempts_of(task_id)

@@ -24,6 +24,8 @@ from services.scheduler.domain import (
     TERMINAL,
     Attempt,
     Cancellation,
+    HostLive,
+    HostSummary,
     PendingQuestion,
     State,
     Task,
@@ -31,8 +33,10 @@ from services.scheduler.domain import (
     check_continuable,
     check_transition,
     closes_questions,
+    end_attempt_on_gone_host,
     mark_host_lost,
     release_when_requeued,
+    resolve_host_gone,
     stop_elsewhere,
 )
 from services.scheduler.group_commit import Direct, GroupCommit, Tx
@@ -109,6 +113,8 @@ MIGRATIONS = [
 
 # The channel replicas LISTEN on; payloads: "queued", "control:<host>", "events:<host>".
 NOTIFY_CHANNEL = "taskgate_scheduler"
+# A live scheduler process holds an advisory lock on this plus its host id (hosts.Listener).
+HOST_ID_LOCK = "taskgate.scheduler.host:"
 
 # Every state a task can be in before it finishes: the default list and the watch
 # snapshot name them (an IN list seeks the index; NOT IN would scan the session).
@@ -915,6 +921,146 @@ class SchedulerStore:
                 task.version += 1
                 _write_task(s, task)
             return len(rows)
+
+        return await self.group.alone(work)
+
+    # --- lost hosts: the operator's resolution ---------------------------------
+
+    async def host_summaries(self) -> list[HostSummary]:
+        """Every host with a lease row or named as owner by an unfinished task, with its counts."""
+
+        def work(s: Tx) -> list[HostSummary]:
+            leases = {r.host_id: r for r in _rows(s, sa.select(HOSTS))}
+            counts: dict[str, dict[str, int]] = {}
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.owner_host, TASKS.c.state, func.count())
+                .where(TASKS.c.owner_host.is_not(None), TASKS.c.state.not_in([t.value for t in TERMINAL]))
+                .group_by(TASKS.c.owner_host, TASKS.c.state),
+            )
+            for host, state, n in rows:
+                counts.setdefault(host, {})[state] = int(n)
+            host_lost = {
+                host: int(n)
+                for host, n in _rows(
+                    s,
+                    sa.select(TASKS.c.owner_host, func.count())
+                    .where(
+                        TASKS.c.owner_host.is_not(None),
+                        TASKS.c.state == State.NEEDS_RECONCILIATION.value,
+                        TASKS.c.doc.contains('"code":"HOST_LOST"'),  # a prefilter; resolve re-checks
+                    )
+                    .group_by(TASKS.c.owner_host),
+                )
+            }
+            connected = self._connected_hosts(s, set(leases) | set(counts))
+            found = []
+            for host in sorted(set(leases) | set(counts)):
+                lease, by_state = leases.get(host), counts.get(host, {})
+                found.append(
+                    HostSummary(
+                        host_id=host,
+                        boot_id=lease.boot_id if lease is not None else None,
+                        started_at=int(lease.started_at) if lease is not None else None,
+                        lease_expires_at=int(lease.lease_expires_at) if lease is not None else None,
+                        connected=host in connected,
+                        queued=by_state.get(State.QUEUED.value, 0),
+                        active=sum(by_state.get(a.value, 0) for a in ACTIVE),
+                        needs_reconciliation=by_state.get(State.NEEDS_RECONCILIATION.value, 0),
+                        host_lost=host_lost.get(host, 0),
+                    )
+                )
+            return found
+
+        return await self.group.alone(work)
+
+    def _connected_hosts(self, s: Tx, hosts: set[str]) -> set[str]:
+        """Hosts whose id a live process holds (its listener's advisory lock; PostgreSQL only).
+        Read from pg_locks: probing with a lock of our own could turn a starting host away."""
+        if not self.postgres or not hosts:
+            return set()
+        held = {
+            (int(r[0]), int(r[1]))
+            for r in _rows(
+                s,
+                text(
+                    "SELECT classid::text::bigint, objid::text::bigint FROM pg_locks WHERE locktype = 'advisory'"
+                    " AND granted AND objsubid = 1"
+                    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ),
+            )
+        }
+        found = set()
+        for host in hosts:
+            (key,) = _rows(s, text("SELECT hashtext(:k)::bigint"), {"k": HOST_ID_LOCK + host})[0]
+            if ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF) in held:
+                found.add(host)
+        return found
+
+    def _hold_host_id(self, s: Tx, host_id: str) -> bool:
+        """Take the host id's advisory lock until this transaction ends (PostgreSQL); False while
+        a live process holds it. A host starting meanwhile is refused its id (HostIdInUse) until
+        the resolution commits, so it never reconciles a task being resolved."""
+        if not self.postgres:
+            return True
+        (held,) = _rows(s, text("SELECT pg_try_advisory_xact_lock(hashtext(:k))"), {"k": HOST_ID_LOCK + host_id})[0]
+        return bool(held)
+
+    async def host_lost_tasks_of(self, host_id: str, after: str = "", limit: int = 500) -> list[str]:
+        """Ids of ``host_id``'s tasks waiting in needs_reconciliation (the HOST_LOST ones among
+        them), in id order after ``after``."""
+
+        def work(s: Tx) -> list[str]:
+            rows = _rows(
+                s,
+                sa.select(TASKS.c.task_id)
+                .where(
+                    TASKS.c.owner_host == host_id,
+                    TASKS.c.state == State.NEEDS_RECONCILIATION.value,
+                    TASKS.c.task_id > after,
+                )
+                .order_by(TASKS.c.task_id)
+                .limit(limit),
+            )
+            return [r.task_id for r in rows]
+
+        return await self.group.alone(work)
+
+    async def resolve_host_gone(self, task_id: str, host_id: str, now: int) -> tuple[Task, StoredEvent | None]:
+        """One HOST_LOST task of a host the operator confirmed gone, in its own transaction: its
+        kept outcome happens (a re-queue releases it to any host), the gone host's unended
+        attempts end, and an event is written. HostLive when that host renewed its lease or a
+        process holds its id (the host row is read under a share lock, as a sweep does)."""
+
+        def work(s: Tx) -> tuple[Task, StoredEvent | None]:
+            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+            if not rows:
+                raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
+            before = _task_from_row(rows[0])
+            lease = _rows(
+                s, sa.select(HOSTS.c.lease_expires_at).where(HOSTS.c.host_id == host_id).with_for_update(read=True)
+            )
+            if (lease and int(lease[0][0]) >= now) or not self._hold_host_id(s, host_id):
+                raise HostLive("HOST_LIVE", f"scheduler host {host_id} is live again; it reconciles its own tasks")
+            after = _task_from_row(rows[0])
+            if not resolve_host_gone(after, host_id, now):
+                return before, None
+            check_transition(before.state, after.state)
+            release_when_requeued(before, after)
+            after.version = before.version + 1
+            _write_task(s, after)
+            for row in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id}):
+                attempt = Attempt.model_validate_json(row.doc)
+                if end_attempt_on_gone_host(attempt, host_id, now):
+                    _write_attempt(s, attempt)
+            if (
+                closes_questions(before, after)
+                and self.may_have_asked(before)
+                and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": task_id})
+            ):
+                _INSERT_QUESTION_CLOSE.execute(s, {"task_id": task_id, "attempts": 0, "next_at": now})
+            stored = _append_event(s, after, "task.state_changed", now, self.host_id)
+            return after, dataclasses.replace(stored, previous=before.state)
 
         return await self.group.alone(work)
 

@@ -64,6 +64,20 @@ def test_least_privilege_where_it_matters() -> None:
     assert allowed("gateway", "/taskgate.notifier.v1.NotifierService/ListMessages")
 
 
+def test_host_administration_is_the_operators_alone() -> None:
+    assert internal_auth.OPERATOR_ONLY and internal_auth.OPERATOR_ONLY <= _all_methods()
+    for method in internal_auth.OPERATOR_ONLY:
+        assert allowed("operator", method)
+        assert not [i for i in internal_auth.IDENTITIES if i != "operator" and allowed(i, method)], method
+    # Even a wildcard elsewhere would not reach them.
+    rules = internal_auth.POLICY["gateway"]
+    try:
+        internal_auth.POLICY["gateway"] = rules | {"/taskgate.scheduler.v1.SchedulerService/*"}
+        assert not allowed("gateway", "/taskgate.scheduler.v1.SchedulerService/ResolveLostHost")
+    finally:
+        internal_auth.POLICY["gateway"] = rules
+
+
 def test_identify_takes_only_a_bearer_with_a_known_secret() -> None:
     auth = CallerAuth.from_secrets(SECRETS)
     assert auth.identify("Bearer gateway-secret") == "gateway"

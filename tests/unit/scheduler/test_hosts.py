@@ -5,19 +5,40 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
+import grpc
 import pytest
+import sqlalchemy as sa
 
 from libs.db import Database
+from libs.grpc_client import ClientSecurity, aio_channel, error_info
+from libs.grpc_server import ServerSecurity, start_server
 from libs.ids import time_ordered_id
+from libs.internal_auth import CallerAuth
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, Cancellation, FailureCode, State, Task
+from services.scheduler.engine import Engine
 from services.scheduler.hosts import default_host_id
+from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, NotOwner, SchedulerStore, SecondReplica
+from services.scheduler.worker_api import WorkerSockets, start_worker_server
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc
 from tests.support.postgres import fresh_database
+from tests.support.procs import free_port
+from tests.unit.scheduler.test_engine import FakeClock, Harness, make_settings
 
 NOW = 1_800_000_000_000
+# Real caller authentication on the in-process scheduler: the operator and one other identity.
+SECRETS = {"operator": "operator-secret", "gateway": "gateway-secret"}
+SERVER_SECURITY = ServerSecurity(auth=CallerAuth.from_secrets(SECRETS))
+
+
+def caller(identity: str) -> ClientSecurity:
+    return ClientSecurity(identity=identity, secret=SECRETS[identity])
 
 
 def new_task(i: int = 0, state: State = State.QUEUED, owner: str | None = None) -> Task:
@@ -230,3 +251,196 @@ async def test_a_second_live_process_with_the_same_host_id_is_refused(pg_db: Dat
     finally:
         for listener in (first, second, other):
             await listener.close()
+
+
+# --- the operator's way out: a lost host that never returns ---------------------------------
+
+
+def test_resolving_a_gone_host_applies_the_kept_outcome_as_the_operators_word() -> None:
+    running = new_task(state=State.RUNNING, owner="h1")
+    domain.mark_host_lost(running, "h1", NOW)
+    assert domain.resolve_host_gone(running, "h1", NOW + 1)
+    assert running.state == State.QUEUED and running.restart_resume is not None and running.restart_resume.pending
+    assert running.failure is not None and running.failure.code == FailureCode.HOST_LOST
+    assert "operator confirmed" in running.failure.message
+    cancelling = new_task(state=State.CANCEL_REQUESTED, owner="h1")
+    cancelling.cancellation = Cancellation(requested_at=NOW, cause="user_canceled")
+    domain.mark_host_lost(cancelling, "h1", NOW)
+    assert domain.resolve_host_gone(cancelling, "h1", NOW + 1)
+    assert cancelling.state == State.CANCELLED and cancelling.cancellation is not None
+    assert cancelling.cancellation.cleanup == domain.HOST_GONE_CLEANUP, "not 'confirmed': nothing was proven"
+    pausing = new_task(state=State.CANCEL_REQUESTED, owner="h1")
+    pausing.cancellation = Cancellation(requested_at=NOW, cause=domain.PAUSE_CAUSE)
+    domain.mark_host_lost(pausing, "h1", NOW)
+    assert domain.resolve_host_gone(pausing, "h1", NOW + 1) and pausing.state == State.PAUSED
+    assert not domain.resolve_host_gone(pausing, "h1", NOW + 2), "once"
+    # Only HOST_LOST tasks of that host: an unproven cleanup, or another host's task, is left.
+    unproven = new_task(state=State.RUNNING, owner="h1")
+    domain.mark_unconfirmed(unproven, domain.interrupted_outcome(), "still there", NOW)
+    other = new_task(state=State.RUNNING, owner="h2")
+    domain.mark_host_lost(other, "h2", NOW)
+    assert not domain.resolve_host_gone(unproven, "h1", NOW) and not domain.resolve_host_gone(other, "h1", NOW)
+
+
+def test_a_host_is_resolvable_only_when_not_live_not_this_replica_and_known() -> None:
+    lapsed = domain.HostSummary("h1", lease_expires_at=NOW - 1, needs_reconciliation=1)
+    domain.check_resolvable("h1", "me", lapsed, NOW)
+    with pytest.raises(domain.InvalidArgument):
+        domain.check_resolvable("me", "me", lapsed, NOW)
+    with pytest.raises(domain.HostLive, match="lease"):
+        domain.check_resolvable("h1", "me", domain.HostSummary("h1", lease_expires_at=NOW), NOW)
+    with pytest.raises(domain.HostLive, match="process"):
+        domain.check_resolvable("h1", "me", domain.HostSummary("h1", lease_expires_at=NOW - 1, connected=True), NOW)
+    with pytest.raises(domain.HostNotFound):
+        domain.check_resolvable("h1", "me", None, NOW)
+    with pytest.raises(domain.InvalidArgument):
+        domain.check_resolvable("", "me", lapsed, NOW)
+    with pytest.raises(domain.errors.FailedPrecondition) as single:  # SQLite: every task is the one replica's own
+        domain.check_resolvable("h1", "me", lapsed, NOW, multi_host=False)
+    assert single.value.reason == "SINGLE_HOST"
+    hosts = [domain.HostSummary(f"h{i}") for i in (3, 1, 2)]
+    page, token = domain.page_hosts(hosts, 2, "")
+    assert [h.host_id for h in page] == ["h1", "h2"] and token == "h2"
+    assert [h.host_id for h in domain.page_hosts(hosts, 2, token)[0]] == ["h3"]
+
+
+def behave_task(i: int) -> Task:
+    task = new_task(i)
+    task.profile, task.instructions = "behave", "[]"
+    return task
+
+
+async def launched(store: SchedulerStore, task: Task, host: str) -> None:
+    """As its host left it: claimed, its attempt committed, running."""
+    assert task.task_id in await store.claim_queued(50, (), any_owner=False)
+    await store.save_launching_attempt(attempt_of(task, host))
+    await store.update_task(
+        task.task_id, lambda t: domain.start_running(t, NOW, NOW, None, None), "task.state_changed", NOW
+    )
+
+
+@pytest.fixture
+async def survivor(tmp_path: Path, pg_db: Database) -> AsyncIterator[Harness]:
+    """A live replica ("survivor") on the PostgreSQL database, serving SchedulerService in-process."""
+    settings = make_settings(tmp_path, f"127.0.0.1:{free_port()}")
+    clock = FakeClock()
+    clock.now = NOW
+    engine = Engine(settings, SchedulerStore(pg_db, "survivor"), clock=clock)
+    sockets = WorkerSockets("", engine.worker_uids())
+    engine.worker_addr = sockets.addr_for
+
+    def register(server: object) -> None:
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
+
+    host = await start_server(settings.scheduler_addr, [register], [], security=SERVER_SECURITY)
+    worker_server = await start_worker_server(
+        lambda server: scheduler_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine), server), sockets
+    )
+    await engine.start(run_loops=False)
+    h = Harness(engine, clock, host, pg_db, worker_server, sockets)
+    yield h
+    await h.close(db=False)
+
+
+@pytest.mark.postgres
+async def test_a_lost_hosts_tasks_resolve_to_their_kept_outcome_and_run_once_on_the_survivor(
+    pg_db: Database, survivor: Harness
+) -> None:
+    lost = SchedulerStore(pg_db, "lost")
+    await lost.register_host("boot", NOW - 60_000, 1_000, only_one=False)
+    running, cancelling, claimed, unproven = [(await lost.create_task(behave_task(i)))[0] for i in range(4)]
+    for task in (running, cancelling, unproven):
+        await launched(lost, task, "lost")
+    assert claimed.task_id in await lost.claim_queued(50, (), any_owner=False)
+    cancel = Cancellation(requested_at=NOW, cause="user_canceled")
+    await lost.update_task(
+        cancelling.task_id, lambda t: domain.request_cancel(t, cancel, NOW), "task.state_changed", NOW
+    )
+    await lost.update_task(
+        unproven.task_id,
+        lambda t: t if domain.mark_unconfirmed(t, domain.interrupted_outcome(), "x", NOW) else None,
+        "task.state_changed",
+        NOW,
+    )
+    store = survivor.engine.store
+    await store.sweep_lost(running.task_id, "lost", NOW, NOW)  # swept already; the rest is not yet
+
+    (listed,) = [h for h in await survivor.engine.list_hosts() if h.host_id == "lost"]
+    assert not listed.lease_live(NOW) and not listed.connected
+    assert (listed.queued, listed.active, listed.needs_reconciliation, listed.host_lost) == (1, 1, 2, 1)
+
+    done = await survivor.engine.resolve_lost_host("lost")
+    assert {t.task_id for t in done.resolved} == {running.task_id, cancelling.task_id}
+    assert done.left == 1 and done.forgotten
+    after = {t.task_id: t for t in await store.tasks_in_states(list(State))}
+    requeued = after[running.task_id]
+    assert requeued.state == State.QUEUED and requeued.owner_host is None
+    assert requeued.failure is not None and requeued.failure.code == FailureCode.HOST_LOST
+    assert "operator confirmed" in requeued.failure.message
+    ended = after[cancelling.task_id]
+    assert ended.state == State.CANCELLED and ended.cancellation is not None
+    assert ended.cancellation.cleanup == domain.HOST_GONE_CLEANUP
+    assert after[claimed.task_id].state == State.QUEUED and after[claimed.task_id].owner_host is None
+    assert after[unproven.task_id].state == State.NEEDS_RECONCILIATION, "not HOST_LOST: left alone"
+    (old_attempt,) = await store.attempts_of(running.task_id)
+    assert old_attempt.state == "ended" and old_attempt.outcome == domain.HOST_GONE_CLEANUP
+    # One event per settled task, written by the resolving replica.
+    _, events = await store.events_after(0, (), 500)
+    resolved_events = [e for e in events if e.task.task_id in {running.task_id, cancelling.task_id}]
+    assert {e.task.state for e in resolved_events} >= {State.QUEUED, State.CANCELLED}
+    with pg_db.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT host_id FROM scheduler_hosts")).all()
+    assert [r.host_id for r in rows] == ["survivor"], "the lost host's row is dropped"
+
+    again = await survivor.engine.resolve_lost_host("lost")  # still known: a task names it
+    assert again.resolved == [] and "nothing to resolve" in again.message
+
+    # The re-queued task (and the released claim) run here, each exactly once.
+    assert await survivor.engine.dispatch_once() == 2
+    for task_id in (running.task_id, claimed.task_id):
+        assert (await survivor.wait(task_id, [State.COMPLETED])).state == State.COMPLETED
+    assert await survivor.engine.dispatch_once() == 0
+    attempts = await store.attempts_of(running.task_id)
+    assert [a.host_id for a in attempts] == ["lost", "survivor"]
+
+
+@pytest.mark.postgres
+async def test_resolving_is_refused_for_a_live_host_this_replica_and_an_unknown_id_over_grpc(
+    pg_db: Database, survivor: Harness
+) -> None:
+    from services.scheduler.hosts import Listener
+
+    live = SchedulerStore(pg_db, "live")
+    await live.register_host("boot", NOW, 60_000, only_one=False)
+    task, _ = await live.create_task(behave_task(0))
+    await launched(live, task, "live")
+    held = SchedulerStore(pg_db, "held")  # lease lapsed, but its process is connected
+    await held.register_host("boot", NOW - 60_000, 1_000, only_one=False)
+    listener = Listener(SimpleNamespace(host_id="held"), pg_db.url)  # type: ignore[arg-type]
+    await listener.connect()
+    try:
+        async with aio_channel(survivor.engine.settings.scheduler_addr, caller("operator")) as channel:
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+            listed = {h.host_id: h for h in (await stub.ListHosts(pb.ListHostsRequest(), timeout=10)).hosts}
+            assert listed["survivor"].serving and listed["live"].lease_live and listed["live"].active_tasks == 1
+            assert listed["held"].connected and not listed["held"].lease_live
+            for host_id, code, reason in (
+                ("survivor", grpc.StatusCode.INVALID_ARGUMENT, "OWN_HOST"),
+                ("live", grpc.StatusCode.FAILED_PRECONDITION, "HOST_LIVE"),
+                ("held", grpc.StatusCode.FAILED_PRECONDITION, "HOST_LIVE"),
+                ("nobody", grpc.StatusCode.NOT_FOUND, "HOST_NOT_FOUND"),
+                ("", grpc.StatusCode.INVALID_ARGUMENT, "INVALID_HOST_ID"),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.ResolveLostHost(pb.ResolveLostHostRequest(host_id=host_id), timeout=10)
+                assert refused.value.code() == code, host_id
+                info = error_info(refused.value)
+                assert info is not None and info.reason == reason, host_id
+        assert (await survivor.engine.store.get_task(task.task_id)).state == State.RUNNING, "untouched"
+        # Another identity is refused these RPCs by the interceptor.
+        async with aio_channel(survivor.engine.settings.scheduler_addr, caller("gateway")) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
+                await scheduler_pb2_grpc.SchedulerServiceStub(channel).ListHosts(pb.ListHostsRequest(), timeout=10)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await listener.close()

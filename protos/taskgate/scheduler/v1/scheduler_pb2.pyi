@@ -806,3 +806,65 @@ class RecordDispatchOutcomeResponse(_message.Message):
     task_id: str
     state: TaskState
     def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ...) -> None: ...
+
+class SchedulerHost(_message.Message):
+    __slots__ = ("host_id", "boot_id", "start_time", "lease_expire_time", "lease_live", "connected", "serving", "queued_tasks", "active_tasks", "needs_reconciliation_tasks", "host_lost_tasks")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_LIVE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_RECONCILIATION_TASKS_FIELD_NUMBER: _ClassVar[int]
+    HOST_LOST_TASKS_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    boot_id: str
+    start_time: _timestamp_pb2.Timestamp
+    lease_expire_time: _timestamp_pb2.Timestamp
+    lease_live: bool
+    connected: bool
+    serving: bool
+    queued_tasks: int
+    active_tasks: int
+    needs_reconciliation_tasks: int
+    host_lost_tasks: int
+    def __init__(self, host_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_live: _Optional[bool] = ..., connected: _Optional[bool] = ..., serving: _Optional[bool] = ..., queued_tasks: _Optional[int] = ..., active_tasks: _Optional[int] = ..., needs_reconciliation_tasks: _Optional[int] = ..., host_lost_tasks: _Optional[int] = ...) -> None: ...
+
+class ListHostsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListHostsResponse(_message.Message):
+    __slots__ = ("hosts", "next_page_token")
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedCompositeFieldContainer[SchedulerHost]
+    next_page_token: str
+    def __init__(self, hosts: _Optional[_Iterable[_Union[SchedulerHost, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ResolveLostHostRequest(_message.Message):
+    __slots__ = ("host_id",)
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    def __init__(self, host_id: _Optional[str] = ...) -> None: ...
+
+class ResolveLostHostResponse(_message.Message):
+    __slots__ = ("host_id", "resolved_tasks", "left_tasks", "host_forgotten", "message")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_TASKS_FIELD_NUMBER: _ClassVar[int]
+    LEFT_TASKS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    resolved_tasks: _containers.RepeatedCompositeFieldContainer[Task]
+    left_tasks: int
+    host_forgotten: bool
+    message: str
+    def __init__(self, host_id: _Optional[str] = ..., resolved_tasks: _Optional[_Iterable[_Union[Task, _Mapping]]] = ..., left_tasks: _Optional[int] = ..., host_forgotten: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...

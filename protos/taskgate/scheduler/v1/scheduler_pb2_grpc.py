@@ -86,6 +86,16 @@ class SchedulerServiceStub:
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.SerializeToString,
                 response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.FromString,
                 _registered_method=True)
+        self.ListHosts = channel.unary_unary(
+                '/taskgate.scheduler.v1.SchedulerService/ListHosts',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ListHostsRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ListHostsResponse.FromString,
+                _registered_method=True)
+        self.ResolveLostHost = channel.unary_unary(
+                '/taskgate.scheduler.v1.SchedulerService/ResolveLostHost',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResolveLostHostRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResolveLostHostResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -163,6 +173,25 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListHosts(self, request, context):
+        """Operator only. The scheduler hosts known on this database (a lease row, or unfinished tasks
+        that name them as owner), with their lease and how many unfinished tasks each holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveLostHost(self, request, context):
+        """Operator only. The operator asserts a lost host is gone for good (its workers with it): each
+        of its HOST_LOST tasks gets the outcome kept for it (what its own recovery would have done),
+        recorded as the operator's word; then its host row is dropped. INVALID_ARGUMENT for the
+        serving replica's own id, FAILED_PRECONDITION (HOST_LIVE) while the host is live, NOT_FOUND
+        for an id nothing knows. A second call resolves nothing and says so.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -215,6 +244,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.RecordDispatchOutcome,
                     request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.FromString,
                     response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.SerializeToString,
+            ),
+            'ListHosts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHosts,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ListHostsRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ListHostsResponse.SerializeToString,
+            ),
+            'ResolveLostHost': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveLostHost,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResolveLostHostRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResolveLostHostResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -489,6 +528,60 @@ class SchedulerService:
             '/taskgate.scheduler.v1.SchedulerService/RecordDispatchOutcome',
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeRequest.SerializeToString,
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.RecordDispatchOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHosts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.SchedulerService/ListHosts',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ListHostsRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ListHostsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveLostHost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/taskgate.scheduler.v1.SchedulerService/ResolveLostHost',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResolveLostHostRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.ResolveLostHostResponse.FromString,
             options,
             channel_credentials,
             insecure,
