@@ -418,12 +418,9 @@ _ADVANCE_CURSOR = text(
     " ON CONFLICT (name) DO UPDATE SET sequence = excluded.sequence"
     " WHERE follow_cursors.sequence < excluded.sequence"
 )
-_OPEN_QUESTIONS_OF_TASKS = (
-    select(_QUESTIONS.c.task_id, _QUESTIONS.c.question_id)
-    .where(
-        _QUESTIONS.c.task_id.in_(bindparam("task_ids", expanding=True)),
-        _QUESTIONS.c.state == QuestionState.OPEN.value,
-    )
+_OPEN_QUESTIONS_OF_TASK = (
+    select(_QUESTIONS.c.question_id)
+    .where(_QUESTIONS.c.task_id == bindparam("of_task"), _QUESTIONS.c.state == QuestionState.OPEN.value)
     .order_by(_QUESTIONS.c.asked_at, _QUESTIONS.c.question_id)
 )
 _QUESTION_KNOWN = select(_QUESTIONS.c.question_id).where(_QUESTIONS.c.question_id == bindparam("question_id"))
@@ -466,48 +463,50 @@ class LogBatch:
     """One transaction's worth of event-log events, written with SQLAlchemy Core.
 
     The follower's hot path: a few prebuilt statements per batch rather than an ORM
-    unit of work per event. Open questions are read once for the tasks whose events
-    can touch one, notification keys are checked once, rows are inserted with
-    executemany, and each conversation's activity is trimmed once.
+    unit of work per event. State changes settle their task's open questions with one
+    executemany UPDATE per run of events between questions (an indexed no-op for the
+    many tasks that never asked; no rows are read), notification keys are checked
+    once, rows are inserted with executemany, and each conversation's activity is
+    trimmed once.
     """
 
     def __init__(self, s: Session, keep_frames: int) -> None:
         self.s = s
         self.conn = s.connection()
         self.keep_frames = keep_frames
-        # task id -> its open question ids (oldest first), for the batch's tasks only
-        self.open_questions: dict[str, list[str]] = {}
+        self.settle: list[dict[str, str]] = []  # state changes' question updates not yet run, in order
 
     def apply(self, cursor_name: str, events: Sequence[LogEvent]) -> list[tuple[Notification | None, Frame | None]]:
         if not events:
             return []
         self.conn.execute(_ADVANCE_CURSOR, {"name": cursor_name, "sequence": max(e.sequence for e in events)})
-        self._load_open_questions(events)
         notes: list[Notification | None] = []
         for e in events:
             note = e.notification
             if e.question is not None:
                 note = self._track_question(e.question, note)
             if e.task_state is not None:
-                self._settle_questions(*e.task_state)
+                fate = domain.question_fate(e.task_state[1])
+                if fate is not None:  # e.g. queued keeps the question: nothing to do
+                    self.settle.append({"of_task": e.task_state[0], "fate": fate.value})
             if note is not None and note.kind == Kind.TASK_FAILED and self._failure_claimed(e.sequence):
                 note = None  # the scheduler resumed the task instead: this failure is never reported
             notes.append(note)
+        self._settle_questions()
         return self._insert_notifications(events, notes)
 
-    def _load_open_questions(self, events: Sequence[LogEvent]) -> None:
-        # Only tasks whose event can ask, answer or close a question are looked up.
-        tasks = {e.question.task_id for e in events if e.question is not None}
-        tasks |= {e.task_state[0] for e in events if e.task_state and domain.question_fate(e.task_state[1])}
-        if not tasks:
-            return
-        for task_id, question_id in self.conn.execute(_OPEN_QUESTIONS_OF_TASKS, {"task_ids": sorted(tasks)}):
-            self.open_questions.setdefault(task_id, []).append(question_id)
+    def _settle_questions(self) -> None:
+        """Answer or close the open questions of the state changes so far (most tasks have none)."""
+        if self.settle:
+            self.conn.execute(_SETTLE_QUESTIONS_OF_TASK, self.settle)
+            self.settle = []
 
     def _track_question(self, q: QuestionFact, n: Notification | None) -> Notification | None:
+        self._settle_questions()  # earlier events first: the questions they settled are not replaced
         if self.conn.execute(_QUESTION_KNOWN, {"question_id": q.question_id}).first() is not None:
             return n  # a replayed event: the notification's key makes it a no-op too
-        replaced = [qid for qid in self.open_questions.get(q.task_id, []) if qid != q.question_id]
+        open_ids = self.conn.execute(_OPEN_QUESTIONS_OF_TASK, {"of_task": q.task_id}).scalars().all()
+        replaced = [qid for qid in open_ids if qid != q.question_id]
         if replaced:
             self.conn.execute(_REPLACE_QUESTIONS, {"question_ids": replaced})
         self.conn.execute(
@@ -526,19 +525,10 @@ class LogBatch:
                 "muted": False,
             },
         )
-        self.open_questions[q.task_id] = [q.question_id]
         if n is not None and replaced:
             text = domain.question_text(q.title, q.text, q.question_id, replaces=replaced[-1])
             n = n.model_copy(update={"text": text})
         return n
-
-    def _settle_questions(self, task_id: str, state: str) -> None:
-        """A state change answers or closes the task's open questions (most tasks have none)."""
-        fate = domain.question_fate(state)
-        if fate is None or not self.open_questions.get(task_id):
-            return
-        self.conn.execute(_SETTLE_QUESTIONS_OF_TASK, {"of_task": task_id, "fate": fate.value})
-        self.open_questions[task_id] = []
 
     def _failure_claimed(self, sequence: int) -> bool:
         return self.conn.execute(_FAILURE_CLAIMED, {"sequence": sequence}).first() is not None
