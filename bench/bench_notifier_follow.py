@@ -46,7 +46,7 @@ STATES = (spb.TASK_STATE_QUEUED, spb.TASK_STATE_RUNNING, spb.TASK_STATE_COMPLETE
 
 def task_events(tasks: int) -> list[spb.WatchTasksResponse]:
     """What the scheduler's log holds for ``tasks`` `/bin/true` tasks, in its order."""
-    events = []
+    events: list[spb.WatchTasksResponse] = []
     for i in range(tasks):
         for state in STATES:
             task = spb.Task(
@@ -75,7 +75,7 @@ async def measure(
         follower = EventLogFollower(None, NotifierServicer(store, ActivityHub()), store)  # type: ignore[arg-type]
         warm = task_events(20)
         await drive(follower, warm)  # statement caches, the executor thread
-        events = [e for e in task_events(tasks + 20)[len(warm) :]]
+        events = task_events(tasks + 20)[len(warm) :]
         cpu0, wall0 = time.process_time(), time.perf_counter()
         await drive(follower, events)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
