@@ -1,6 +1,6 @@
-"""The notifier's Prometheus metrics: delivery attempts, retries and their latency.
-
-Observed at the one place an attempt's outcome is recorded (``Deliverer.attempt``).
+"""The notifier's Prometheus metrics: delivery attempts, retries and their latency
+(observed at the one place an attempt's outcome is recorded, ``Deliverer.attempt``),
+and the scheduler event log's batches (``EventLogFollower.handle_batch``).
 """
 
 from __future__ import annotations
@@ -21,4 +21,11 @@ DELIVERY_SECONDS = Histogram(
     "taskgate_notifier_delivery_seconds",
     "One delivery attempt: the channel's answer (or error) and recording the outcome",
     buckets=LATENCY_BUCKETS,
+)
+EVENT_LOG_EVENTS = Counter(
+    "taskgate_notifier_event_log_events_total", "Scheduler event-log events applied (committed) by the notifier"
+)
+EVENT_LOG_BATCHES = Counter(
+    "taskgate_notifier_event_log_batches_total",
+    "Transactions the event-log events were applied in (events / batches = the mean batch size)",
 )

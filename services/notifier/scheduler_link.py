@@ -4,14 +4,17 @@ conversation's tasks (for the unbacked-promise rule)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterable, Sequence
 
 import grpc
 import structlog
 
 from services.notifier import domain
 from services.notifier.domain import Notification, SessionTask, TaskFact
+from services.notifier.metrics import EVENT_LOG_BATCHES, EVENT_LOG_EVENTS
 from services.notifier.servicer import NotifierServicer, new_id
-from services.notifier.store import NotifierStore, QuestionFact
+from services.notifier.store import LogEvent, NotifierStore, QuestionFact
 from taskgate.scheduler.v1 import scheduler_pb2 as spb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as spb_grpc
 
@@ -42,23 +45,55 @@ def fact_from_pb(event: spb.WatchTasksResponse) -> TaskFact:
     )
 
 
+# A batch is what the stream has ready when the previous one committed, up to this many...
+BATCH_MAX = 256
+# ...and what arrives this long after its first event: a transaction's fixed cost shared by
+# more events, for a few ms more latency.
+BATCH_LINGER_S = 0.005
+# Events read ahead of the database; the stream waits (flow control) beyond this.
+READ_AHEAD = 2 * BATCH_MAX
+
+
+class _StreamEnded:
+    """Put by the reader after the stream's last event: how it ended (None: closed)."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+
 class EventLogFollower:
     """Follows the scheduler's task event log from the stored cursor.
 
-    Each event's notification (if any) and the cursor are written in one
-    transaction; the notification's key makes a replayed event a no-op. After
+    A reader task takes events off the stream while the previous batch commits; the
+    writer then applies everything that is ready (up to ``batch_max``) in one
+    transaction — each event's notification (if any), question facts and task-state
+    effects, and the cursor at the batch's last event — and publishes the frames after
+    the commit, in order. The notification's key makes a replayed event a no-op, so a
+    crash mid-batch re-reads the batch from the cursor and duplicates nothing. After
     being down, it catches up from the cursor.
     """
 
-    def __init__(self, stub: spb_grpc.SchedulerServiceStub, servicer: NotifierServicer, store: NotifierStore) -> None:
+    def __init__(
+        self,
+        stub: spb_grpc.SchedulerServiceStub,
+        servicer: NotifierServicer,
+        store: NotifierStore,
+        batch_max: int = BATCH_MAX,
+        linger_s: float = BATCH_LINGER_S,
+    ) -> None:
         self.stub = stub
         self.servicer = servicer
         self.store = store
+        self.batch_max = batch_max
+        self.linger_s = linger_s
+        self.batches = 0  # committed batches (a stream that made progress retries at once)
         self.connected = asyncio.Event()
 
-    async def handle(self, event: spb.WatchTasksResponse) -> Notification | None:
+    def prepare(self, event: spb.WatchTasksResponse) -> LogEvent:
+        """What one event means to the store (ids and times are fixed here, before the write)."""
         fact = fact_from_pb(event)
         planned = domain.plan_notification(fact)
+        now = self.servicer.clock.now_ms()
         n = None
         if planned is not None:
             n = Notification(
@@ -69,7 +104,7 @@ class EventLogFollower:
                 task_id=fact.task_id,
                 question_id=planned.question_id,
                 text=planned.text,
-                created_at=self.servicer.clock.now_ms(),
+                created_at=now,
                 channel=self.servicer.channel_of(fact.agent_id),
                 key=planned.key,
             )
@@ -82,14 +117,64 @@ class EventLogFollower:
                 task_id=fact.task_id,
                 title=fact.title,
                 text=fact.question_text,
-                asked_at=self.servicer.clock.now_ms(),
+                asked_at=now,
             )
         task_state = (fact.task_id, fact.state) if fact.event_type == "task.state_changed" else None
-        stored, frame = await self.store.record_log_event(
-            CURSOR, event.sequence, n, new_id(), question=question, task_state=task_state
-        )
-        self.servicer.after_commit(frame)
-        return stored
+        message_id = new_id() if n is not None else ""
+        return LogEvent(event.sequence, n, message_id, question, task_state)
+
+    async def handle_batch(self, events: Sequence[spb.WatchTasksResponse]) -> list[Notification | None]:
+        """Apply ``events`` in one transaction, then publish their frames in order."""
+        stored = await self.store.record_log_events(CURSOR, [self.prepare(e) for e in events])
+        self.batches += 1
+        EVENT_LOG_BATCHES.inc()
+        EVENT_LOG_EVENTS.inc(len(events))
+        for _, frame in stored:
+            self.servicer.after_commit(frame)
+        return [n for n, _ in stored]
+
+    async def handle(self, event: spb.WatchTasksResponse) -> Notification | None:
+        return (await self.handle_batch([event]))[0]
+
+    async def follow(self, stream: AsyncIterable[spb.WatchTasksResponse]) -> None:
+        """Apply the stream's events batch by batch until it ends; its error is raised."""
+        ready: asyncio.Queue[spb.WatchTasksResponse | _StreamEnded] = asyncio.Queue(maxsize=READ_AHEAD)
+
+        async def read() -> None:
+            try:
+                async for event in stream:
+                    await ready.put(event)
+            except Exception as exc:  # noqa: BLE001 - handed to the writer, which raises it
+                await ready.put(_StreamEnded(exc))
+            else:
+                await ready.put(_StreamEnded(None))
+
+        reader = asyncio.create_task(read(), name="event-log-reader")
+        try:
+            while True:
+                batch: list[spb.WatchTasksResponse] = []
+                ended: _StreamEnded | None = None
+                item = await ready.get()
+                if self.linger_s > 0 and ready.qsize() < self.batch_max and not isinstance(item, _StreamEnded):
+                    await asyncio.sleep(self.linger_s)
+                while True:
+                    if isinstance(item, _StreamEnded):
+                        ended = item  # the reader's last item: nothing follows it
+                        break
+                    batch.append(item)
+                    if len(batch) >= self.batch_max or ready.empty():
+                        break
+                    item = ready.get_nowait()
+                if batch:
+                    await self.handle_batch(batch)
+                if ended is not None:
+                    if ended.error is not None:
+                        raise ended.error
+                    return
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
 
     async def run(self) -> None:
         delay = 0.2
@@ -104,15 +189,14 @@ class EventLogFollower:
             stream = self.stub.WatchTasks(
                 spb.WatchTasksRequest(all_sessions=True, since_sequence=cursor, event_types=list(EVENT_TYPES))
             )
+            batches = self.batches
             try:
                 await stream.wait_for_connection()
                 self.connected.set()
                 if reported_down:
                     log.info("event_log_reconnected", cursor=cursor)
                     reported_down = False
-                async for event in stream:
-                    await self.handle(event)
-                    delay = 0.2
+                await self.follow(stream)
             except grpc.aio.AioRpcError as exc:
                 if not reported_down:
                     log.warning("event_log_unreachable", code=exc.code().name, cursor=cursor)
@@ -121,6 +205,8 @@ class EventLogFollower:
                 log.exception("event_log_follow_failed", cursor=cursor)
             finally:
                 stream.cancel()
+            if self.batches != batches:
+                delay = 0.2
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 

@@ -84,7 +84,8 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
                 task_id=frame.notification.task_id,
                 channel=frame.notification.channel,
             )
-            self.wake_delivery()
+            if frame.notification.state == domain.State.PENDING:
+                self.wake_delivery()  # one delivered at creation (no channel) has nothing to send
 
     # --- notifications -----------------------------------------------------------
 

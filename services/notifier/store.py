@@ -9,10 +9,11 @@ frame and the event-log cursor are written together.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, delete, func
+from sqlalchemy import BigInteger, ColumnElement, Connection, bindparam, delete, func, insert, text, update
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration, lock_key
@@ -395,6 +396,262 @@ def _page(
     return shown, list(rows)
 
 
+@dataclass(frozen=True)
+class LogEvent:
+    """One event of the scheduler's log, as the follower prepared it for the store."""
+
+    sequence: int
+    notification: Notification | None = None
+    message_id: str = ""  # the notification's history message
+    question: QuestionFact | None = None  # a question was asked
+    task_state: tuple[str, str] | None = None  # (task id, state) of a state change
+
+
+_T = SQLModel.metadata.tables
+_NOTIFICATIONS, _MESSAGES, _ACTIVITY = _T["notifications"], _T["messages"], _T["activity"]
+_QUESTIONS, _CLAIMED = _T["question_reminders"], _T["claimed_failures"]
+
+# The event-log path's statements, built once: building them per event cost as much as running them.
+_ADVANCE_CURSOR = text(
+    # SQLite and PostgreSQL alike; an older sequence re-read never moves the cursor back.
+    "INSERT INTO follow_cursors (name, sequence) VALUES (:name, :sequence)"
+    " ON CONFLICT (name) DO UPDATE SET sequence = excluded.sequence"
+    " WHERE follow_cursors.sequence < excluded.sequence"
+)
+_OPEN_QUESTIONS_OF_TASK = (
+    select(_QUESTIONS.c.question_id)
+    .where(_QUESTIONS.c.task_id == bindparam("of_task"), _QUESTIONS.c.state == QuestionState.OPEN.value)
+    .order_by(_QUESTIONS.c.asked_at, _QUESTIONS.c.question_id)
+)
+_QUESTION_KNOWN = select(_QUESTIONS.c.question_id).where(_QUESTIONS.c.question_id == bindparam("question_id"))
+_REPLACE_QUESTIONS = (
+    update(_QUESTIONS)
+    .where(_QUESTIONS.c.question_id.in_(bindparam("question_ids", expanding=True)))
+    .values(state=QuestionState.REPLACED.value)
+)
+_INSERT_QUESTION = insert(_QUESTIONS)
+_SETTLE_QUESTIONS_OF_TASK = (
+    update(_QUESTIONS)
+    .where(_QUESTIONS.c.task_id == bindparam("of_task"), _QUESTIONS.c.state == QuestionState.OPEN.value)
+    .values(state=bindparam("fate"))
+)
+_FAILURE_CLAIMED = select(_CLAIMED.c.sequence).where(_CLAIMED.c.sequence == bindparam("sequence"))
+_NOTIFICATIONS_WITH_KEYS = select(
+    _NOTIFICATIONS.c.notification_id, _NOTIFICATIONS.c.agent_id, _NOTIFICATIONS.c.session_id
+).where(_NOTIFICATIONS.c.request_id.in_(bindparam("keys", expanding=True)))
+_INSERT_NOTIFICATIONS = insert(_NOTIFICATIONS)
+_INSERT_MESSAGES = insert(_MESSAGES)
+_INSERT_FRAMES = insert(_ACTIVITY).returning(_ACTIVITY.c.seq, sort_by_parameter_order=True)
+# Keep the newest `keep` frames of the conversation (the Last-Event-ID resume window).
+_TRIM_ACTIVITY = text(
+    "DELETE FROM activity WHERE agent_id = :agent_id AND session_id = :session_id AND seq <= ("
+    "SELECT seq FROM activity WHERE agent_id = :agent_id AND session_id = :session_id"
+    " ORDER BY seq DESC LIMIT 1 OFFSET :keep)"
+)
+
+
+def _advisory_locks(conn: Connection, keys: set[str]) -> None:
+    """PostgreSQL: ``lock_key`` for many keys in one round trip, in one order for every caller."""
+    if keys and conn.dialect.name == "postgresql":
+        conn.execute(
+            text("SELECT count(pg_advisory_xact_lock(hashtext(k))) FROM unnest(CAST(:keys AS text[])) AS k"),
+            {"keys": sorted(keys)},
+        )
+
+
+class LogBatch:
+    """One transaction's worth of event-log events, written with SQLAlchemy Core.
+
+    The follower's hot path: a few prebuilt statements per batch rather than an ORM
+    unit of work per event. State changes settle their task's open questions with one
+    executemany UPDATE per run of events between questions (an indexed no-op for the
+    many tasks that never asked; no rows are read), notification keys are checked
+    once, rows are inserted with executemany, and each conversation's activity is
+    trimmed once.
+    """
+
+    def __init__(self, s: Session, keep_frames: int) -> None:
+        self.s = s
+        self.conn = s.connection()
+        self.keep_frames = keep_frames
+        self.settle: list[dict[str, str]] = []  # state changes' question updates not yet run, in order
+
+    def apply(self, cursor_name: str, events: Sequence[LogEvent]) -> list[tuple[Notification | None, Frame | None]]:
+        if not events:
+            return []
+        self.conn.execute(_ADVANCE_CURSOR, {"name": cursor_name, "sequence": max(e.sequence for e in events)})
+        notes: list[Notification | None] = []
+        for e in events:
+            note = e.notification
+            if e.question is not None:
+                note = self._track_question(e.question, note)
+            if e.task_state is not None:
+                fate = domain.question_fate(e.task_state[1])
+                if fate is not None:  # e.g. queued keeps the question: nothing to do
+                    self.settle.append({"of_task": e.task_state[0], "fate": fate.value})
+            if note is not None and note.kind == Kind.TASK_FAILED and self._failure_claimed(e.sequence):
+                note = None  # the scheduler resumed the task instead: this failure is never reported
+            notes.append(note)
+        self._settle_questions()
+        return self._insert_notifications(events, notes)
+
+    def _settle_questions(self) -> None:
+        """Answer or close the open questions of the state changes so far (most tasks have none)."""
+        if self.settle:
+            self.conn.execute(_SETTLE_QUESTIONS_OF_TASK, self.settle)
+            self.settle = []
+
+    def _track_question(self, q: QuestionFact, n: Notification | None) -> Notification | None:
+        self._settle_questions()  # earlier events first: the questions they settled are not replaced
+        if self.conn.execute(_QUESTION_KNOWN, {"question_id": q.question_id}).first() is not None:
+            return n  # a replayed event: the notification's key makes it a no-op too
+        open_ids = self.conn.execute(_OPEN_QUESTIONS_OF_TASK, {"of_task": q.task_id}).scalars().all()
+        replaced = [qid for qid in open_ids if qid != q.question_id]
+        if replaced:
+            self.conn.execute(_REPLACE_QUESTIONS, {"question_ids": replaced})
+        self.conn.execute(
+            _INSERT_QUESTION,
+            {
+                "question_id": q.question_id,
+                "agent_id": q.agent_id,
+                "session_id": q.session_id,
+                "task_id": q.task_id,
+                "title": q.title,
+                "text": q.text,
+                "state": QuestionState.OPEN.value,
+                "asked_at": q.asked_at,
+                "messages_since": 0,
+                "reminders_sent": 0,
+                "muted": False,
+            },
+        )
+        if n is not None and replaced:
+            text = domain.question_text(q.title, q.text, q.question_id, replaces=replaced[-1])
+            n = n.model_copy(update={"text": text})
+        return n
+
+    def _failure_claimed(self, sequence: int) -> bool:
+        return self.conn.execute(_FAILURE_CLAIMED, {"sequence": sequence}).first() is not None
+
+    def _existing(self, notes: list[Notification | None]) -> dict[tuple[str, str, str], Notification]:
+        """The stored notifications with the batch's keys (replays), locked per key on PostgreSQL."""
+        keyed = [n for n in notes if n is not None and n.key]
+        if not keyed:
+            return {}
+        # Two enqueues with one key (PostgreSQL, several threads) wait for each other.
+        _advisory_locks(self.conn, {f"notification:{n.agent_id}:{n.session_id}:{n.key}" for n in keyed})
+        wanted = {(n.agent_id, n.session_id, n.key or "") for n in keyed}
+        conversations = {(agent_id, session_id) for agent_id, session_id, _ in wanted}
+        found = [
+            nid
+            for nid, agent_id, session_id in self.conn.execute(
+                _NOTIFICATIONS_WITH_KEYS, {"keys": sorted({key for _, _, key in wanted})}
+            )
+            if (agent_id, session_id) in conversations
+        ]
+        if not found:
+            return {}
+        rows = self.s.exec(select(NotificationRow).where(col(NotificationRow.notification_id).in_(found))).all()
+        attempts = _attempts(self.s, [r.notification_id for r in rows])
+        return {
+            (r.agent_id, r.session_id, r.request_id or ""): _notification(r, attempts[r.notification_id])
+            for r in rows
+            if (r.agent_id, r.session_id, r.request_id or "") in wanted
+        }
+
+    def _insert_notifications(
+        self, events: Sequence[LogEvent], notes: list[Notification | None]
+    ) -> list[tuple[Notification | None, Frame | None]]:
+        existing = self._existing(notes)
+        results: list[tuple[Notification | None, Frame | None]] = []
+        made: list[tuple[int, Notification, str]] = []  # (index in results, new notification, message id)
+        for e, note in zip(events, notes, strict=True):
+            if note is None:
+                results.append((None, None))
+                continue
+            key = (note.agent_id, note.session_id, note.key or "")
+            if note.key and key in existing:
+                results.append((existing[key], None))
+                continue
+            if note.channel is None:
+                # No operator channel: the conversation (history + activity stream) is the delivery.
+                note = note.model_copy(
+                    update={"state": State.DELIVERED, "delivered_at": note.created_at, "next_attempt_at": None}
+                )
+            else:
+                note = note.model_copy(update={"next_attempt_at": note.created_at})
+            if note.key:
+                existing[key] = note  # the same key again later in this batch is a replay
+            made.append((len(results), note, e.message_id))
+            results.append((note, None))
+        if not made:
+            return results
+        self.conn.execute(_INSERT_NOTIFICATIONS, [_notification_values(n) for _, n, _ in made])
+        self.conn.execute(_INSERT_MESSAGES, [_message_values(n, mid) for _, n, mid in made])
+        frames = self._add_frames([n for _, n, _ in made])
+        for (index, n, _), frame in zip(made, frames, strict=True):
+            results[index] = (n, frame)
+        return results
+
+    def _add_frames(self, notes: list[Notification]) -> list[Frame]:
+        """Each notification's activity frame, in order; then each conversation trimmed once."""
+        conversations = sorted({(n.agent_id, n.session_id) for n in notes})
+        # One writer per conversation at a time (PostgreSQL): its frames' sequences then commit in
+        # order, so resuming after a Last-Event-ID never skips a frame that committed late.
+        _advisory_locks(self.conn, {f"activity:{a}:{sess}" for a, sess in conversations})
+        frames = [Frame(0, n.agent_id, n.session_id, notification=n) for n in notes]
+        rows = [
+            {"agent_id": f.agent_id, "session_id": f.session_id, "at": n.created_at, "frame": f.to_json()}
+            for f, n in zip(frames, notes, strict=True)
+        ]
+        seqs = self.conn.execute(_INSERT_FRAMES, rows).scalars().all()
+        for agent_id, session_id in conversations:
+            self.conn.execute(
+                _TRIM_ACTIVITY, {"agent_id": agent_id, "session_id": session_id, "keep": self.keep_frames}
+            )
+        return [
+            Frame(seq, f.agent_id, f.session_id, notification=f.notification)
+            for f, seq in zip(frames, seqs, strict=True)
+        ]
+
+
+def _notification_values(n: Notification) -> dict[str, Any]:
+    return {
+        "notification_id": n.notification_id,
+        "agent_id": n.agent_id,
+        "session_id": n.session_id,
+        "kind": n.kind.value,
+        "task_id": n.task_id,
+        "body": n.text,
+        "handled": n.state == State.DELIVERED,
+        "created_at": n.created_at,
+        "request_id": n.key,
+        "attempt_count": 0,
+        "question_id": n.question_id,
+        "state": n.state.value,
+        "channel": n.channel,
+        "next_attempt_at": n.next_attempt_at,
+        "delivered_at": n.delivered_at,
+        "consumed_at": None,
+    }
+
+
+def _message_values(n: Notification, message_id: str) -> dict[str, Any]:
+    return {
+        "message_id": message_id,
+        "agent_id": n.agent_id,
+        "session_id": n.session_id,
+        "role": "notification",
+        "text": n.text,
+        "response_id": None,
+        "notification_id": n.notification_id,
+        "follow_up": None,
+        "created_at": n.created_at,
+        "completed_at": n.created_at,
+        "sort_at": n.created_at,
+    }
+
+
 class NotifierStore:
     def __init__(self, db: Database, retention_frames: int = 1000) -> None:
         self.db = db
@@ -466,73 +723,24 @@ class NotifierStore:
         question: QuestionFact | None = None,
         task_state: tuple[str, str] | None = None,
     ) -> tuple[Notification | None, Frame | None]:
-        """Advance the event-log cursor, track the task's question and create the event's
-        notification, in one transaction.
+        """One event of the log (see ``record_log_events``)."""
+        event = LogEvent(sequence, n, message_id, question, task_state)
+        return (await self.record_log_events(cursor_name, [event]))[0]
 
-        ``question``: a question was asked (an earlier open one of the task is replaced,
-        and the notification says so); ``task_state``: (task id, state) of a state change,
-        which may answer or close the task's open question.
+    async def record_log_events(
+        self, cursor_name: str, events: Sequence[LogEvent]
+    ) -> list[tuple[Notification | None, Frame | None]]:
+        """Apply a batch of the event log in one transaction: each event's question facts,
+        task-state effects and notification, in order, and the cursor advanced to the last.
+
+        A failure anywhere commits nothing (the cursor stays, the batch is read again);
+        a replayed event is a no-op (its question id and its notification's key exist).
+        Returns, per event, its notification (the existing one on a replay) and its new
+        frame (None on a replay), in the events' order.
         """
-
-        def work(s: Session) -> tuple[Notification | None, Frame | None]:
-            row = s.get(CursorRow, cursor_name)
-            if row is None:
-                s.add(CursorRow(name=cursor_name, sequence=sequence))
-            elif sequence > row.sequence:
-                row.sequence = sequence
-                s.add(row)
-            note = n
-            if question is not None:
-                note = self._track_question(s, question, n)
-            if task_state is not None:
-                fate = domain.question_fate(task_state[1])
-                if fate is not None:
-                    for q in self._open_questions_of_task(s, task_state[0]):
-                        q.state = fate.value
-                        s.add(q)
-            if note is not None and note.kind == Kind.TASK_FAILED and s.get(ClaimedFailureRow, sequence) is not None:
-                note = None  # the scheduler resumed the task instead: this failure is never reported
-            if note is None:
-                return None, None
-            return self._insert_notification(s, note, message_id)
-
-        return await self.db.run(work)
+        return await self.db.run(lambda s: LogBatch(s, self.retention_frames).apply(cursor_name, events))
 
     # --- questions and reminders -------------------------------------------------
-
-    @staticmethod
-    def _open_questions_of_task(s: Session, task_id: str) -> list[ReminderRow]:
-        return list(
-            s.exec(
-                select(ReminderRow).where(
-                    ReminderRow.task_id == task_id, col(ReminderRow.state) == QuestionState.OPEN.value
-                )
-            ).all()
-        )
-
-    def _track_question(self, s: Session, q: QuestionFact, n: Notification | None) -> Notification | None:
-        if s.get(ReminderRow, q.question_id) is not None:
-            return n  # a replayed event: the notification's key makes it a no-op too
-        replaced = [r for r in self._open_questions_of_task(s, q.task_id) if r.question_id != q.question_id]
-        for r in replaced:
-            r.state = QuestionState.REPLACED.value
-            s.add(r)
-        s.add(
-            ReminderRow(
-                question_id=q.question_id,
-                agent_id=q.agent_id,
-                session_id=q.session_id,
-                task_id=q.task_id,
-                title=q.title,
-                text=q.text,
-                state=QuestionState.OPEN.value,
-                asked_at=q.asked_at,
-            )
-        )
-        if n is not None and replaced:
-            text = domain.question_text(q.title, q.text, q.question_id, replaces=replaced[-1].question_id)
-            n = n.model_copy(update={"text": text})
-        return n
 
     def _user_message_reminders(self, s: Session, message: Message, base_ms: int, make: Any) -> list[Frame]:
         """Count the message for each open question of the conversation; remind those now due."""
