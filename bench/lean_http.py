@@ -41,16 +41,23 @@ def build_request(
 class Connection:
     """One keep-alive connection; one request at a time."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
 
     @classmethod
     async def open(cls, host: str, port: int) -> Connection:
-        reader, writer = await asyncio.open_connection(host, port)
-        return cls(reader, writer)
+        conn = cls(host, port)
+        conn.reader, conn.writer = await asyncio.open_connection(host, port)
+        return conn
 
     async def send(self, request: bytes) -> Answer:
+        if self.reader is None or self.writer is None or self.reader.at_eof():
+            # The server closes a keep-alive connection left idle (uvicorn: after 5 s).
+            await self.close()
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         self.writer.write(request)
         head = await self.reader.readuntil(b"\r\n\r\n")
         # "HTTP/1.1 201 Created\r\n..."
@@ -66,11 +73,14 @@ class Connection:
         return Answer(status, await self.reader.readexactly(length) if length else b"")
 
     async def close(self) -> None:
+        if self.writer is None:
+            return
         self.writer.close()
         try:
             await self.writer.wait_closed()
         except OSError:
             pass
+        self.reader = self.writer = None
 
 
 class LeanClient:

@@ -78,3 +78,15 @@ async def test_an_unexpected_status_or_a_chunked_answer_is_an_error(server: str)
     async with LeanClient(server, 1) as client:
         with pytest.raises(LeanHttpError, match="chunked"):
             await client.send(client.request("GET", "/chunked"))
+
+
+async def test_a_connection_the_server_closed_while_idle_is_opened_again(server: str) -> None:
+    async with LeanClient(server, 1) as client:
+        get = client.request("GET", "/x")
+        first = json.loads((await client.send(get)).body)["client"]
+        conn = client._all[0]
+        assert conn.writer is not None
+        conn.writer.transport.abort()  # as the server's keep-alive timeout would
+        await asyncio.sleep(0.05)
+        again = await client.send(get)
+        assert again.status == 200 and json.loads(again.body)["client"] != first
