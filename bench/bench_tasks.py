@@ -248,7 +248,10 @@ class CpuMeter:
 def cpu_line(per_task: dict[str, float]) -> str:
     services = sum(per_task[name] for name in CPU_PROCESSES)
     parts = [f"{name} {per_task[name]:.2f}" for name in (*CPU_PROCESSES, "client")]
-    return f"CPU ms/task: {', '.join(parts)} (services {services:.2f}; workers, reaped {per_task['workers']:.2f})"
+    return (
+        f"CPU ms/task: {', '.join(parts)} (services {services:.2f}; workers, reaped {per_task['workers']:.2f}; "
+        f"gateway per create request {per_task['gateway_per_create']:.2f}, {per_task['polls']:.0f} list polls)"
+    )
 
 
 def _instant(iso: str) -> float:
@@ -273,7 +276,8 @@ async def task_latencies_ms(http: httpx.AsyncClient, base: str) -> list[float]:
 
 
 async def throughput_round(n: int, profile_to: str | None) -> tuple[float, dict[str, float], list[float]]:
-    """(tasks/s created -> completed, CPU ms per task by process, per-task latencies) for N
+    """(tasks/s created -> completed, CPU ms per task by process — plus the gateway's per create
+    request alone and the number of list polls —, per-task latencies) for N
     `/bin/true` tasks. The creates and the completion poll go through the lean client: the
     client shares the cores with the services, and httpx cost ~2.4 ms of CPU per request."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -314,7 +318,11 @@ async def throughput_round(n: int, profile_to: str | None) -> tuple[float, dict[
                 meter.start()
                 began = time.perf_counter()
                 await lean.repeat(create, n, expect=201)
+                # The gateway's share of the creates alone (the polls below cost it too).
+                gateway_create_ms = (cpu_seconds(pids["gateway"]) - meter.began["gateway"]) * 1000 / n
+                polls = 0
                 while True:
+                    polls += 1
                     answer = await lean.send(poll)
                     if answer.status != 200:
                         raise RuntimeError(f"the task list answered {answer.status}: {answer.body[:300]!r}")
@@ -332,7 +340,8 @@ async def throughput_round(n: int, profile_to: str | None) -> tuple[float, dict[
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 await spy.wait()
-            return n / total_s, meter.per_task_ms(n), latencies
+            figures = {**meter.per_task_ms(n), "gateway_per_create": gateway_create_ms, "polls": float(polls)}
+            return n / total_s, figures, latencies
         finally:
             stack.stop()
 
@@ -344,7 +353,8 @@ async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: 
         rates.append(rate)
         cpus.append(cpu)
         all_latencies.extend(latencies)
-        extra = {f"{name}_cpu_ms_per_task": value for name, value in cpu.items()}
+        extra = {f"{name}_cpu_ms_per_task": cpu[name] for name in (*CPU_PROCESSES, "workers", "client")}
+        extra["gateway_cpu_ms_per_create_request"] = cpu["gateway_per_create"]
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
             f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, created->ended p50 {pct(latencies, 0.5):7.1f} ms, "
