@@ -3,8 +3,11 @@
 Run: .venv/bin/python bench/bench_tasks.py   (or `make bench`)
      .venv/bin/python bench/bench_tasks.py --throughput 1000 [--rounds 3] [--profile out.svg] [--json out.json]
        only REST created -> completed for N `/bin/true` workers, a fresh stack per round, with
-       the scheduler's CPU per task, each task's createdAt -> endedAt latency (and a py-spy flame
-       graph of the scheduler when asked); --json writes the rounds for bench/compare_peers.py
+       the CPU per task of every process (scheduler, gateway, notifier, telemetry, pending, the
+       client itself), each task's createdAt -> endedAt latency (and a py-spy flame graph of the
+       scheduler when asked); --json writes the rounds for bench/compare_peers.py, the CPU
+       figures in each round's ``extra`` as ``<process>_cpu_ms_per_task``. Its creates and
+       completion poll go through bench/lean_http.py, a client that costs little CPU.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.lean_http import LeanClient  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
@@ -200,6 +204,56 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_seconds(pid: int) -> float:
+    """CPU of the process's children it has waited for (the scheduler's: its workers)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+# The per-process CPU breakdown, in this order; "client" is this process (the load generator).
+CPU_PROCESSES = ("scheduler", "gateway", "notifier", "telemetry", "pending")
+
+
+class CpuMeter:
+    """CPU seconds of each service process, of the scheduler's reaped workers and of this client
+    between ``start`` and ``stop``; ``per_task_ms`` divides by the task count."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.began: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+
+    def _sample(self) -> dict[str, float]:
+        out = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        out["workers"] = children_cpu_seconds(self.pids["scheduler"])
+        out["client"] = own_cpu_seconds()
+        return out
+
+    def start(self) -> None:
+        self.began = self._sample()
+
+    def stop(self) -> None:
+        end = self._sample()
+        self.used = {name: end[name] - self.began[name] for name in end}
+
+    def per_task_ms(self, n: int) -> dict[str, float]:
+        return {name: used * 1000 / n for name, used in self.used.items()}
+
+
+def cpu_line(per_task: dict[str, float]) -> str:
+    services = sum(per_task[name] for name in CPU_PROCESSES)
+    parts = [f"{name} {per_task[name]:.2f}" for name in (*CPU_PROCESSES, "client")]
+    return (
+        f"CPU ms/task: {', '.join(parts)} (services {services:.2f}; workers, reaped {per_task['workers']:.2f}; "
+        f"gateway per create request {per_task['gateway_per_create']:.2f}, {per_task['polls']:.0f} list polls)"
+    )
+
+
 def _instant(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
@@ -221,17 +275,23 @@ async def task_latencies_ms(http: httpx.AsyncClient, base: str) -> list[float]:
     return out
 
 
-async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float, list[float]]:
-    """(tasks/s created -> completed, scheduler CPU ms per task, per-task latencies) for N `/bin/true` tasks."""
+async def throughput_round(n: int, profile_to: str | None) -> tuple[float, dict[str, float], list[float]]:
+    """(tasks/s created -> completed, CPU ms per task by process — plus the gateway's per create
+    request alone and the number of list polls —, per-task latencies) for N
+    `/bin/true` tasks. The creates and the completion poll go through the lean client: the
+    client shares the cores with the services, and httpx cost ~2.4 ms of CPU per request."""
     with tempfile.TemporaryDirectory() as tmp:
         stack = make_stack(Path(tmp), max_running=64, cancel_grace_ms=1000)
         stack.start()
         try:
             key = create_key(stack, "bench", AGENT)
             add_member(stack, AGENT, SESSION, "bench")
-            base = f"{stack.http_url}/api/v1/agents/{AGENT}/sessions/{SESSION}"
-            scheduler = stack.procs["scheduler"].proc
-            assert scheduler is not None
+            path = f"/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks"
+            pids = {}
+            for name in CPU_PROCESSES:
+                proc = stack.procs[name].proc
+                assert proc is not None
+                pids[name] = proc.pid
             spy = None
             if profile_to:
                 spy = await asyncio.create_subprocess_exec(
@@ -240,7 +300,7 @@ async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float
                     "-o",
                     profile_to,
                     "-p",
-                    str(scheduler.pid),
+                    str(pids["scheduler"]),
                     "--nonblocking",
                     "-r",
                     "200",
@@ -249,24 +309,30 @@ async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float
                     stderr=asyncio.subprocess.DEVNULL,
                 )
                 await asyncio.sleep(1.0)
-            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
-                sem = asyncio.Semaphore(16)
-
-                async def create() -> None:
-                    async with sem:
-                        r = await http.post(f"{base}/tasks", json={"title": "b", "profile": "true"})
-                        r.raise_for_status()
-
-                cpu0 = cpu_seconds(scheduler.pid)
+            headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+            # 16 keep-alive connections, one request in flight on each: 16 creates in flight.
+            async with LeanClient(stack.http_url, 16) as lean:
+                create = lean.request("POST", path, headers, json.dumps({"title": "b", "profile": "true"}).encode())
+                poll = lean.request("GET", f"{path}?page_size=1", headers)
+                meter = CpuMeter(pids)
+                meter.start()
                 began = time.perf_counter()
-                await asyncio.gather(*(create() for _ in range(n)))
+                await lean.repeat(create, n, expect=201)
+                # The gateway's share of the creates alone (the polls below cost it too).
+                gateway_create_ms = (cpu_seconds(pids["gateway"]) - meter.began["gateway"]) * 1000 / n
+                polls = 0
                 while True:
-                    r = await http.get(f"{base}/tasks", params={"page_size": 1})
-                    if r.json()["total"] == 0:
+                    polls += 1
+                    answer = await lean.send(poll)
+                    if answer.status != 200:
+                        raise RuntimeError(f"the task list answered {answer.status}: {answer.body[:300]!r}")
+                    if json.loads(answer.body)["total"] == 0:
                         break
                     await asyncio.sleep(0.02)
                 total_s = time.perf_counter() - began
-                cpu_ms = (cpu_seconds(scheduler.pid) - cpu0) * 1000
+                meter.stop()
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+                base = f"{stack.http_url}{path.removesuffix('/tasks')}"
                 r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
                 completed = r.json()["total"]
                 assert completed == n, completed
@@ -274,7 +340,8 @@ async def throughput_round(n: int, profile_to: str | None) -> tuple[float, float
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 await spy.wait()
-            return n / total_s, cpu_ms / n, latencies
+            figures = {**meter.per_task_ms(n), "gateway_per_create": gateway_create_ms, "polls": float(polls)}
+            return n / total_s, figures, latencies
         finally:
             stack.stop()
 
@@ -286,16 +353,22 @@ async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: 
         rates.append(rate)
         cpus.append(cpu)
         all_latencies.extend(latencies)
-        per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": {"scheduler_cpu_ms_per_task": cpu}})
+        extra = {f"{name}_cpu_ms_per_task": cpu[name] for name in (*CPU_PROCESSES, "workers", "client")}
+        extra["gateway_cpu_ms_per_create_request"] = cpu["gateway_per_create"]
+        per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
-            f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, scheduler CPU {cpu:5.2f} ms/task, "
-            f"created->ended p50 {pct(latencies, 0.5):7.1f} ms",
+            f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, created->ended p50 {pct(latencies, 0.5):7.1f} ms, "
+            f"load {os.getloadavg()[0]:.2f}\n  {cpu_line(cpu)}",
             flush=True,
         )
+    median_cpu = {name: statistics.median(c[name] for c in cpus) for name in cpus[0]}
     print(
         f"REST created->completed, /bin/true workers, N={n} (median of {rounds}): "
-        f"{statistics.median(rates):7.1f} tasks/s, scheduler CPU {statistics.median(cpus):5.2f} ms/task, "
-        f"created->ended p50 {pct(all_latencies, 0.5):7.1f} ms p99 {pct(all_latencies, 0.99):7.1f} ms"
+        f"{statistics.median(rates):7.1f} tasks/s, "
+        f"created->ended p50 {pct(all_latencies, 0.5):7.1f} ms p99 {pct(all_latencies, 0.99):7.1f} ms\n"
+        f"  {cpu_line(median_cpu)}\n"
+        f"  (client: the lean load generator, bench/lean_http.py; reproduce: "
+        f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds})"
     )
     if json_to:
         out = {"version": "taskgate", "config": {"max_running": 64}, "rounds": per_round}

@@ -21,8 +21,9 @@ async def main() -> None:
     await migrate(db)
     log = get_logger("gateway_http")
     host, _, port = settings.http_addr.rpartition(":")
+    store = GatewayStore(db)
     config = uvicorn.Config(
-        create_app(settings, GatewayStore(db)),
+        create_app(settings, store),
         host=host,
         port=int(port),
         log_config=None,
@@ -36,6 +37,7 @@ async def main() -> None:
     finally:
         if metrics is not None:
             await metrics.stop()
+        store.close()
         db.close()
         log.info("stopped")
 

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp
 from gateway_http import errors, openapi
 from gateway_http.activity import ActivityFanout
 from gateway_http.backends import Backends
+from gateway_http.hot_routes import HotRoutes
 from gateway_http.middleware import RequestContextMiddleware
 from gateway_http.routes import (
     channels,
@@ -41,7 +42,8 @@ class GatewayApp(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         # Outside everything FastAPI adds (its body-size limit included), so every
         # answer carries the request id and every error the {error, message} shape.
-        return RequestContextMiddleware(super().build_middleware_stack(), self.max_body_size)
+        # The hot task routes inside it: request ids, logs and metrics stay the same for them.
+        return RequestContextMiddleware(HotRoutes(super().build_middleware_stack(), self), self.max_body_size)
 
 
 def telegram_adapters(settings: Settings, store: GatewayStore, backends: Backends) -> dict[str, TelegramAdapter]:

@@ -9,13 +9,14 @@ declared oversize body with a plain-text 413 of its own — and gives every 4xx/
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
-import uuid
 from http import HTTPStatus
 
 import structlog
-from starlette.datastructures import Headers, MutableHeaders
+from prometheus_client import Histogram
+from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway_http.errors import status_reason
@@ -24,22 +25,36 @@ from gateway_http.metrics import HTTP_DURATION
 log = structlog.get_logger("http")
 
 REQUEST_ID_HEADER = "x-request-id"
+_REQUEST_ID_RAW = REQUEST_ID_HEADER.encode()
 # A client's request id is used only when it is this safe to log and pass on; else a new one is made.
 CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 def request_id_for(scope: Scope) -> str:
-    offered = Headers(scope=scope).get(REQUEST_ID_HEADER)
-    if offered is not None and CLIENT_REQUEST_ID.fullmatch(offered):
-        return offered
-    return uuid.uuid4().hex
+    # The raw header list, not a Headers object: this runs on every request.
+    for name, value in scope["headers"]:
+        if name == _REQUEST_ID_RAW:
+            offered = value.decode("latin-1")
+            if CLIENT_REQUEST_ID.fullmatch(offered):
+                return offered
+            break
+    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
+
+
+# One histogram child per (method, route template, status): ``labels()`` takes a lock and
+# builds its key on every call. The routes are finite, so this stays small.
+_DURATION_CHILDREN: dict[tuple[str, str, int], Histogram] = {}
 
 
 def _observe(scope: Scope, status: int, start: float) -> None:
     # The route's template, not the path: ids in paths would make a series per task.
     route = scope.get("route")
     template = getattr(route, "path", None) or "unmatched"
-    HTTP_DURATION.labels(scope.get("method", ""), template, str(status)).observe(time.perf_counter() - start)
+    key = (scope.get("method", ""), template, status)
+    child = _DURATION_CHILDREN.get(key)
+    if child is None:
+        child = _DURATION_CHILDREN[key] = HTTP_DURATION.labels(key[0], template, str(status))
+    child.observe(time.perf_counter() - start)
 
 
 class RequestContextMiddleware:
@@ -52,6 +67,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         request_id = request_id_for(scope)
+        request_id_raw = request_id.encode("latin-1")
         scope.setdefault("state", {})["request_id"] = request_id
         structlog.contextvars.bind_contextvars(request_id=request_id)
         start = time.perf_counter()
@@ -65,13 +81,15 @@ class RequestContextMiddleware:
                 started = True
                 status = message["status"]
                 _observe(scope, status, start)
-                headers = MutableHeaders(raw=list(message.get("headers", [])))
-                headers[REQUEST_ID_HEADER] = request_id
-                if status >= 400 and not headers.get("content-type", "").startswith("application/json"):
-                    replaced = True
-                    await self._send_error(send, status, headers)
-                    return
-                message["headers"] = headers.raw
+                raw = [h for h in message.get("headers", ()) if h[0] != _REQUEST_ID_RAW]
+                raw.append((_REQUEST_ID_RAW, request_id_raw))
+                if status >= 400:
+                    headers = MutableHeaders(raw=raw)
+                    if not headers.get("content-type", "").startswith("application/json"):
+                        replaced = True
+                        await self._send_error(send, status, headers)
+                        return
+                message["headers"] = raw
             elif replaced:
                 return  # the original body of a replaced error answer
             await send(message)

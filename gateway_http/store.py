@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import BigInteger
 from sqlmodel import Field, Session, SQLModel, col, select
 
+from gateway_http.access_cache import AccessCache, probe_for
 from libs.db import Database, Migration
 
 KEY_PREFIX = "tg_"
@@ -128,10 +129,18 @@ def _now() -> int:
 
 
 class GatewayStore:
-    """Sync methods (for the CLI) with async wrappers on the database thread (for the app)."""
+    """Sync methods (for the CLI) with async wrappers on the database thread (for the app).
 
-    def __init__(self, db: Database) -> None:
+    The wrappers that every request calls (``authenticate``, ``member``) answer from
+    ``cache`` while the database has not changed (see ``access_cache``).
+    """
+
+    def __init__(self, db: Database, cache: AccessCache[ApiKey] | None = None) -> None:
         self.db = db
+        self.cache: AccessCache[ApiKey] = cache if cache is not None else AccessCache(probe_for(db.url))
+
+    def close(self) -> None:
+        self.cache.close()
 
     # --- keys ----------------------------------------------------------------
 
@@ -165,7 +174,11 @@ class GatewayStore:
 
     @staticmethod
     def find_key(s: Session, secret: str) -> ApiKey | None:
-        row = s.exec(select(ApiKeyRow).where(ApiKeyRow.key_hash == hash_key(secret))).first()
+        return GatewayStore.find_key_by_hash(s, hash_key(secret))
+
+    @staticmethod
+    def find_key_by_hash(s: Session, key_hash: str) -> ApiKey | None:
+        row = s.exec(select(ApiKeyRow).where(ApiKeyRow.key_hash == key_hash)).first()
         return _to_key(row) if row is not None and row.revoked_at is None else None
 
     # --- memberships -----------------------------------------------------------
@@ -239,10 +252,24 @@ class GatewayStore:
     # --- async, for request handling ---------------------------------------------
 
     async def authenticate(self, secret: str) -> ApiKey | None:
-        return await self.db.run(lambda s: self.find_key(s, secret))
+        """The live key with this secret; None when unknown or revoked."""
+        key_hash = hash_key(secret)
+        ticket = self.cache.ticket()  # first: a read that follows it sees every change it saw
+        if ticket is not None and (cached := self.cache.key(key_hash)) is not None:
+            return cached
+        key = await self.db.run(lambda s: self.find_key_by_hash(s, key_hash))
+        if key is not None and ticket is not None:
+            self.cache.remember_key(ticket, key_hash, key)
+        return key
 
     async def member(self, agent_id: str, session_id: str, principal: str) -> bool:
-        return await self.db.run(lambda s: self.is_member(s, agent_id, session_id, principal))
+        ticket = self.cache.ticket()
+        if ticket is not None and (cached := self.cache.membership(agent_id, session_id, principal)) is not None:
+            return cached
+        member = await self.db.run(lambda s: self.is_member(s, agent_id, session_id, principal))
+        if ticket is not None:
+            self.cache.remember_membership(ticket, agent_id, session_id, principal, member)
+        return member
 
     async def sessions_of(self, principal: str) -> list[tuple[str, str]]:
         """The (agent, session) pairs the principal is a member of, in order."""

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from gateway_http import safemode
-from gateway_http.auth import SessionCaller, stream_access_check
+from gateway_http.auth import Caller, SessionCaller, stream_access_check
 from gateway_http.backends import Backends, request_metadata
 from gateway_http.convert import task_json
 from gateway_http.errors import ApiError, responses
@@ -78,6 +78,53 @@ async def owned_task(request: Request, caller: SessionCaller, task_id: str) -> p
     return reply.task
 
 
+def create_task_request(caller: Caller, body: CreateTaskBody, safemode_cleared: bool) -> pb.CreateTaskRequest:
+    """The scheduler's request for a REST create (also built by ``hot_routes``)."""
+    return pb.CreateTaskRequest(
+        agent_id=caller.agent_id,
+        session_id=caller.session_id,
+        title=body.title,
+        instructions=body.instructions,
+        profile=body.profile or "",
+        request_id=body.requestId or "",
+        harness=body.harness or "",
+        harness_model=body.harnessModel or "",
+        continue_task_id=body.continueTaskId or "",
+        skill=pb.SkillInvocation(name=body.skill.name, args_json=json.dumps(body.skill.args))
+        if body.skill is not None
+        else None,
+        target=pb.TargetRequest(
+            name=body.target.name,
+            native_session_id=body.target.nativeSessionId,
+            display_name=body.target.displayName or "",
+            options=body.target.options,
+        )
+        if body.target is not None
+        else None,
+        safemode_cleared=safemode_cleared,
+    )
+
+
+def created_response(reply: pb.CreateTaskResponse) -> JSONResponse:
+    return JSONResponse({"task": task_json(reply.task)}, status_code=201)
+
+
+def list_tasks_request(caller: Caller, page: int, page_size: int, include_finished: bool) -> pb.ListTasksRequest:
+    return pb.ListTasksRequest(
+        agent_id=caller.agent_id,
+        session_id=caller.session_id,
+        page=page,
+        page_size=page_size,
+        include_finished=include_finished,
+    )
+
+
+def task_page_response(reply: pb.ListTasksResponse) -> JSONResponse:
+    return JSONResponse(
+        {"page": reply.page, "pages": reply.pages, "total": reply.total, "tasks": [task_json(t) for t in reply.tasks]}
+    )
+
+
 @router.post("/tasks", status_code=201, response_model=TaskEnvelope, responses=responses(413))
 async def create_task(request: Request, caller: SessionCaller, body: CreateTaskBody) -> JSONResponse:
     settings: Settings = request.app.state.settings
@@ -96,33 +143,9 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
             cleared = True
     backends = _backends(request)
     reply = await backends.scheduler.CreateTask(
-        pb.CreateTaskRequest(
-            agent_id=caller.agent_id,
-            session_id=caller.session_id,
-            title=body.title,
-            instructions=body.instructions,
-            profile=body.profile or "",
-            request_id=body.requestId or "",
-            harness=body.harness or "",
-            harness_model=body.harnessModel or "",
-            continue_task_id=body.continueTaskId or "",
-            skill=pb.SkillInvocation(name=body.skill.name, args_json=json.dumps(body.skill.args))
-            if body.skill is not None
-            else None,
-            target=pb.TargetRequest(
-                name=body.target.name,
-                native_session_id=body.target.nativeSessionId,
-                display_name=body.target.displayName or "",
-                options=body.target.options,
-            )
-            if body.target is not None
-            else None,
-            safemode_cleared=cleared,
-        ),
-        timeout=backends.timeout_s,
-        metadata=request_metadata(request),
+        create_task_request(caller, body, cleared), timeout=backends.timeout_s, metadata=request_metadata(request)
     )
-    return JSONResponse({"task": task_json(reply.task)}, status_code=201)
+    return created_response(reply)
 
 
 @router.get("/tasks", response_model=TaskPage)
@@ -132,19 +155,9 @@ async def list_tasks(
     """The session's tasks, newest first; finished ones only with ``all=true``; previews bounded."""
     backends = _backends(request)
     reply = await backends.scheduler.ListTasks(
-        pb.ListTasksRequest(
-            agent_id=caller.agent_id,
-            session_id=caller.session_id,
-            page=page,
-            page_size=page_size,
-            include_finished=all,
-        ),
-        timeout=backends.timeout_s,
-        metadata=request_metadata(request),
+        list_tasks_request(caller, page, page_size, all), timeout=backends.timeout_s, metadata=request_metadata(request)
     )
-    return JSONResponse(
-        {"page": reply.page, "pages": reply.pages, "total": reply.total, "tasks": [task_json(t) for t in reply.tasks]}
-    )
+    return task_page_response(reply)
 
 
 @router.get("/tasks/events", response_class=BoundedEventStream, status_code=200)

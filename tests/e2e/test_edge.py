@@ -11,7 +11,7 @@ import httpx
 
 from taskgate.pending.v1 import pending_pb2 as ppb
 from taskgate.pending.v1 import pending_pb2_grpc as ppb_grpc
-from tests.e2e.conftest import AGENT, Api, add_member, create_key
+from tests.e2e.conftest import AGENT, Api, add_member, create_key, run_cli
 from tests.support.stack import Stack
 
 
@@ -121,3 +121,26 @@ def test_a_cancel_naming_an_unknown_replacement_is_409(api: Api) -> None:
     assert response.status_code == 400
     assert api.request("POST", f"/tasks/{task['taskId']}/cancel").status_code == 200
     api.wait_state(task["taskId"], "cancelled")
+
+
+def test_the_operator_clis_revocations_count_on_the_next_request(stack: Stack) -> None:
+    """The gateway remembers verified keys and memberships; the CLI, another process, changes
+    them in the database — the very next request must see it (no waiting out a cache)."""
+    created = run_cli(stack, "admin", "keys", "create", "--principal", "rita", "--agent", AGENT)
+    assert created.returncode == 0, created.stderr
+    key_id = re.search(r"key id:\s+(\S+)", created.stdout)
+    assert key_id is not None, created.stdout
+    rita = Api(stack, created.stdout.strip().splitlines()[-1], session="revoke-edge")
+    add_member(stack, AGENT, "revoke-edge", "rita")
+    for _ in range(3):  # answered from memory after the first
+        assert rita.request("GET", "/tasks?page_size=1").status_code == 200
+    members = ("admin", "members")
+    removed = run_cli(stack, *members, "remove", "--agent", AGENT, "--session", "revoke-edge", "--principal", "rita")
+    assert removed.returncode == 0, removed.stderr
+    refused = rita.request("GET", "/tasks?page_size=1")
+    assert refused.status_code == 403 and refused.json()["error"] == "NOT_A_MEMBER", refused.text
+    add_member(stack, AGENT, "revoke-edge", "rita")
+    assert rita.request("GET", "/tasks?page_size=1").status_code == 200
+    assert run_cli(stack, "admin", "keys", "revoke", key_id.group(1)).returncode == 0
+    revoked = rita.request("POST", "/tasks", json={"title": "after revoke"})
+    assert revoked.status_code == 401 and revoked.json()["error"] == "UNAUTHENTICATED", revoked.text

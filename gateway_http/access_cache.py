@@ -1,0 +1,149 @@
+"""A bounded, short-lived memory of verified API keys and session memberships.
+
+Every REST call checks its key and (on session routes) the principal's membership; read
+from the database each time, that was the larger part of the gateway's CPU per call.
+Keys and memberships change only through the operator CLI — another process writing the
+same database — so the cache must notice a commit it did not make. On SQLite it asks
+``PRAGMA data_version`` (it moves whenever another connection commits) before every use,
+and forgets everything when it moved: a revoked key or a removed member is refused on the
+very next request. Where no such probe exists (PostgreSQL) nothing is cached.
+
+Keys are remembered by the SHA-256 of the secret, never the secret itself; unknown keys
+are not remembered (a flood of guesses must not evict real entries).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+DEFAULT_TTL_S = 10.0
+DEFAULT_MAX_KEYS = 1024
+DEFAULT_MAX_MEMBERSHIPS = 8192
+
+
+class DataVersionProbe:
+    """Whether another connection committed to a SQLite database since the last look.
+
+    One private connection that never writes nor holds a transaction open; the pragma
+    reads the WAL index in shared memory (a few microseconds) and never waits for a lock
+    (timeout 0), so it may run on the event loop. ``None`` means "cannot tell".
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+
+    def version(self) -> int | None:
+        try:
+            if self._conn is None:
+                self._conn = sqlite3.connect(self.path, isolation_level=None, timeout=0, check_same_thread=False)
+            row = self._conn.execute("PRAGMA data_version").fetchone()
+            return int(row[0])
+        except sqlite3.Error:
+            return None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def probe_for(url: str) -> DataVersionProbe | None:
+    """The probe for a SQLAlchemy URL: a SQLite file only (an in-memory database is private
+    to its connection; PostgreSQL has no equivalent the gateway can read without a query)."""
+    if not url.startswith("sqlite") or "///" not in url:
+        return None
+    path = url.split("///", 1)[1]
+    return None if not path or path == ":memory:" else DataVersionProbe(path)
+
+
+@dataclass(frozen=True)
+class _Entry(Generic[V]):
+    value: V
+    expires_at: float
+
+
+class _Bounded(Generic[V]):
+    """Insertion-ordered: when full, the oldest entry goes."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.entries: dict[object, _Entry[V]] = {}
+
+    def get(self, key: object, now: float) -> _Entry[V] | None:
+        entry = self.entries.get(key)
+        if entry is not None and entry.expires_at <= now:
+            del self.entries[key]
+            return None
+        return entry
+
+    def put(self, key: object, entry: _Entry[V]) -> None:
+        self.entries.pop(key, None)
+        while len(self.entries) >= self.max_entries:
+            del self.entries[next(iter(self.entries))]
+        self.entries[key] = entry
+
+
+class AccessCache(Generic[V]):
+    """Verified keys (``V``) by secret hash and membership answers, valid while the
+    database has not changed underneath and for at most ``ttl_s``.
+
+    Use: ``ticket = cache.ticket()`` first; ``None`` means read the database and do not
+    remember. Otherwise look up, and on a miss read the database and ``remember_*(ticket,
+    ...)``: an answer read before a change that the cache has already seen is dropped, so a
+    slow read racing a revocation cannot bring the revoked key back.
+    """
+
+    def __init__(
+        self,
+        probe: DataVersionProbe | None,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        max_memberships: int = DEFAULT_MAX_MEMBERSHIPS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.probe = probe
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._keys: _Bounded[V] = _Bounded(max_keys)
+        self._members: _Bounded[bool] = _Bounded(max_memberships)
+        self._generation: int | None = None
+
+    def ticket(self) -> int | None:
+        if self.probe is None:
+            return None
+        version = self.probe.version()
+        if version != self._generation:
+            self.clear()
+            self._generation = version
+        return version
+
+    def clear(self) -> None:
+        self._keys.entries.clear()
+        self._members.entries.clear()
+
+    def key(self, key_hash: str) -> V | None:
+        entry = self._keys.get(key_hash, self.clock())
+        return entry.value if entry is not None else None
+
+    def remember_key(self, ticket: int, key_hash: str, key: V) -> None:
+        if ticket == self._generation:
+            self._keys.put(key_hash, _Entry(key, self.clock() + self.ttl_s))
+
+    def membership(self, agent_id: str, session_id: str, principal: str) -> bool | None:
+        entry = self._members.get((agent_id, session_id, principal), self.clock())
+        return entry.value if entry is not None else None
+
+    def remember_membership(self, ticket: int, agent_id: str, session_id: str, principal: str, member: bool) -> None:
+        if ticket == self._generation:
+            self._members.put((agent_id, session_id, principal), _Entry(member, self.clock() + self.ttl_s))
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.close()

@@ -1,0 +1,157 @@
+"""The gateway's memory of verified keys and memberships: it spares the database on every
+request, yet a change committed by another connection (the operator CLI) counts at once."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway_http.access_cache import AccessCache, DataVersionProbe, probe_for
+from gateway_http.store import MIGRATIONS, GatewayStore, hash_key
+from libs.db import Database
+from tests.unit.gateway.conftest import Gateway
+
+
+class CountingDatabase(Database):
+    def __init__(self, url: str) -> None:
+        super().__init__(url, MIGRATIONS)
+        self.reads = 0
+
+    async def run(self, fn: Callable[[Any], Any]) -> Any:
+        self.reads += 1
+        return await super().run(fn)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[CountingDatabase]:
+    database = CountingDatabase(f"sqlite:///{tmp_path}/gateway.db")
+    database.migrate()
+    yield database
+    database.close()
+
+
+def other_connection(tmp_path: Path) -> sqlite3.Connection:
+    """What the operator CLI is to the gateway: another connection to the same file."""
+    return sqlite3.connect(tmp_path / "gateway.db", isolation_level=None)
+
+
+def new_key(store: GatewayStore, principal: str = "dana") -> tuple[str, str]:
+    with store.db.session() as s, s.begin():
+        key, secret = store.create_key(s, principal, ["agent-1"], None)
+        store.add_member(s, "agent-1", "cli-1", principal)
+    return key.key_id, secret
+
+
+async def test_a_verified_key_and_membership_are_answered_from_memory(db: CountingDatabase) -> None:
+    store = GatewayStore(db)
+    _, secret = new_key(store)
+    assert (await store.authenticate(secret)) is not None and await store.member("agent-1", "cli-1", "dana")
+    reads = db.reads
+    for _ in range(5):
+        assert (await store.authenticate(secret)) is not None
+        assert await store.member("agent-1", "cli-1", "dana")
+    assert db.reads == reads
+    # Remembered by the secret's hash only.
+    assert secret not in repr(store.cache._keys.entries) and hash_key(secret) in store.cache._keys.entries
+    store.close()
+
+
+async def test_a_revocation_by_another_connection_counts_on_the_next_call(db: CountingDatabase, tmp_path: Path) -> None:
+    store = GatewayStore(db)
+    key_id, secret = new_key(store)
+    assert await store.authenticate(secret) is not None
+    assert await store.authenticate(secret) is not None
+    other_connection(tmp_path).execute("UPDATE api_keys SET revoked_at = 1 WHERE key_id = ?", (key_id,))
+    assert await store.authenticate(secret) is None
+    store.close()
+
+
+async def test_a_removed_member_is_refused_on_the_next_call(db: CountingDatabase, tmp_path: Path) -> None:
+    store = GatewayStore(db)
+    new_key(store)
+    assert await store.member("agent-1", "cli-1", "dana") and await store.member("agent-1", "cli-1", "dana")
+    assert not await store.member("agent-1", "cli-2", "dana")
+    conn = other_connection(tmp_path)
+    conn.execute("DELETE FROM memberships WHERE session_id = 'cli-1'")
+    assert not await store.member("agent-1", "cli-1", "dana")
+    # A negative answer is forgotten as soon: the member added again is let in.
+    conn.execute("INSERT INTO memberships VALUES ('agent-1', 'cli-2', 'dana', 0)")
+    assert await store.member("agent-1", "cli-2", "dana")
+    store.close()
+
+
+async def test_unknown_keys_are_not_remembered(db: CountingDatabase) -> None:
+    store = GatewayStore(db)
+    for i in range(3):
+        assert await store.authenticate(f"tg_guess-{i}") is None
+        assert await store.authenticate(f"tg_guess-{i}") is None
+    assert db.reads == 6 and not store.cache._keys.entries
+    store.close()
+
+
+async def test_the_rest_api_refuses_a_revoked_key_at_once(gateway: Gateway, tmp_path: Path) -> None:
+    key, secret = await gateway.store.db.run(lambda s: gateway.store.create_key(s, "dana", ["agent-1"], None))
+    headers = {"Authorization": f"Bearer {secret}"}
+    for _ in range(2):
+        assert (await gateway.client.get("/api/v1/me", headers=headers)).status_code == 200
+    other_connection(tmp_path).execute("UPDATE api_keys SET revoked_at = 1 WHERE key_id = ?", (key.key_id,))
+    refused = await gateway.client.get("/api/v1/me", headers=headers)
+    assert refused.status_code == 401 and refused.json()["error"] == "UNAUTHENTICATED"
+
+
+class FakeProbe(DataVersionProbe):
+    def __init__(self) -> None:
+        super().__init__("unused")
+        self.value: int | None = 1
+
+    def version(self) -> int | None:
+        return self.value
+
+
+def test_an_answer_read_before_a_change_the_cache_has_seen_is_dropped() -> None:
+    probe = FakeProbe()
+    cache: AccessCache[str] = AccessCache(probe)
+    ticket = cache.ticket()
+    assert ticket == 1
+    # ... the database read is under way; meanwhile the key is revoked and another request
+    # already noticed the change ...
+    probe.value = 2
+    assert cache.ticket() == 2
+    cache.remember_key(ticket, "h", "stale")
+    assert cache.key("h") is None
+    cache.remember_key(2, "h", "fresh")
+    assert cache.key("h") == "fresh"
+
+
+def test_entries_expire_and_the_memory_is_bounded() -> None:
+    now = [0.0]
+    cache: AccessCache[str] = AccessCache(FakeProbe(), ttl_s=10, max_keys=3, max_memberships=2, clock=lambda: now[0])
+    ticket = cache.ticket()
+    assert ticket is not None
+    for i in range(5):
+        cache.remember_key(ticket, f"h{i}", f"k{i}")
+        cache.remember_membership(ticket, "a", f"s{i}", "p", True)
+    assert [cache.key(f"h{i}") for i in range(5)] == [None, None, "k2", "k3", "k4"]
+    assert [cache.membership("a", f"s{i}", "p") for i in range(5)] == [None, None, None, True, True]
+    now[0] = 10.0
+    assert cache.key("h4") is None and cache.membership("a", "s4", "p") is None
+
+
+def test_a_probe_that_cannot_tell_disables_the_memory() -> None:
+    probe = FakeProbe()
+    cache: AccessCache[str] = AccessCache(probe)
+    ticket = cache.ticket()
+    assert ticket is not None
+    cache.remember_key(ticket, "h", "k")
+    probe.value = None
+    assert cache.ticket() is None and cache.key("h") is None
+
+
+def test_only_a_sqlite_file_has_a_probe(tmp_path: Path) -> None:
+    assert probe_for("postgresql://u@localhost/db") is None
+    assert probe_for("sqlite:///:memory:") is None
+    assert isinstance(probe_for(f"sqlite:///{tmp_path}/g.db"), DataVersionProbe)
