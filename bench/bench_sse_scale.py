@@ -54,6 +54,12 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_ms(pid: int) -> float:
+    """The process's user + system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def wall_ms(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000
 
@@ -191,7 +197,9 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
     gateway_pid = stack.procs["gateway"].proc.pid  # type: ignore[union-attr]
     async with httpx.AsyncClient(headers=headers, timeout=60) as http:
         await cancels(http, base, 3)  # warm-up
+        cpu_before = cpu_ms(gateway_pid)
         idle = await cancels(http, base, n_cancels)
+        cpu_idle = cpu_ms(gateway_pid) - cpu_before
         rss_idle = rss_mib(gateway_pid)
 
         path = f"/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks/events"
@@ -212,8 +220,11 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
 
         listed = (await http.get(f"{base}/tasks?all=true&page_size=100")).json()["tasks"]
         earlier = {t["taskId"] for t in listed}
+        cpu_before, child_before = cpu_ms(gateway_pid), cpu_ms(child.pid)  # type: ignore[arg-type]
         loaded = await cancels(http, base, n_cancels)
         await asyncio.sleep(2.0)  # the last frames arrive
+        cpu_loaded = cpu_ms(gateway_pid) - cpu_before
+        child_cpu = cpu_ms(child.pid) - child_before  # type: ignore[arg-type]
         listed = (await http.get(f"{base}/tasks?all=true&page_size=100")).json()["tasks"]
         measured = {t["taskId"] for t in listed} - earlier
         rss_after = rss_mib(gateway_pid)
@@ -233,6 +244,13 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
             f"state change -> frame, each of {subscribers} subscribers"
             f" ({len(latencies)} receipts of {received} frames): p50 {statistics.median(latencies):.1f} ms"
             f"  p99 {pct(latencies, 0.99):.1f} ms  max {max(latencies):.1f} ms  missing {missing}"
+        )
+    if received:
+        # CPU time does not depend on how busy the shared machine is, unlike the latencies.
+        print(
+            f"gateway CPU: {cpu_idle:.0f} ms for the idle cancels, {cpu_loaded:.0f} ms with the streams:"
+            f" {(cpu_loaded - cpu_idle) * 1000 / received:.1f} us per frame sent;"
+            f" subscriber process {child_cpu * 1000 / received:.1f} us per frame read"
         )
     print(f"{subscribers} streams opened in {open_s:.1f} s; gateway SSE subscribers (metric) {streams:.0f}")
     print(
