@@ -192,8 +192,12 @@ class BoundedEventStream(Response):
                     return
             while not done.is_set():
                 # Awake for the next heartbeat or access recheck only; the feed writes the events.
+                # An idle stream wakes once per heartbeat (1,000 of them: no timer storm).
+                wake = source.sent_at + self.heartbeat_s
+                if source.sent_at > checked:
+                    wake = min(wake, checked + self.recheck_s)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout_at(min(source.sent_at + self.heartbeat_s, checked + self.recheck_s)):
+                    async with asyncio.timeout_at(wake):
                         await done.wait()
                 if done.is_set():
                     break
