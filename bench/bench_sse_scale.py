@@ -108,9 +108,12 @@ async def cancels(http: httpx.AsyncClient, base: str, n: int) -> list[float]:
     return timings
 
 
-def event_latencies(subs: list[list[tuple[float, bytes]]], task_ids: set[str]) -> tuple[list[float], int, int]:
-    """(latencies ms, frames received, state changes missed by some subscriber)."""
+def event_latencies(
+    subs: list[list[tuple[float, bytes]]], task_ids: set[str]
+) -> tuple[list[float], int, int, dict[tuple[str, str], list[float]]]:
+    """(latencies ms, frames received, state changes missed by some subscriber, latencies by change)."""
     latencies: list[float] = []
+    by_change: dict[tuple[str, str], list[float]] = {}
     received = 0
     expected: set[tuple[str, str]] = set()
     seen_per_sub: list[set[tuple[str, str]]] = []
@@ -126,10 +129,11 @@ def event_latencies(subs: list[list[tuple[float, bytes]]], task_ids: set[str]) -
                 continue
             seen.add(change)
             latencies.append(at - wall_ms(task["updatedAt"]))
+            by_change.setdefault(change, []).append(latencies[-1])
         seen_per_sub.append(seen)
         expected |= seen
     missing = sum(len(expected - seen) for seen in seen_per_sub)
-    return latencies, received, missing
+    return latencies, received, missing, by_change
 
 
 def subscriber_process(url: str, path: str, key: str, n: int, conn: Connection) -> None:
@@ -232,7 +236,7 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
         lines = await asyncio.to_thread(here.recv)
         child.join(30)
 
-    latencies, received, missing = event_latencies(lines, measured)
+    latencies, received, missing, by_change = event_latencies(lines, measured)
     p50_idle, p50_loaded = statistics.median(idle), statistics.median(loaded)
     print(f"REST cancel, idle ({n_cancels}): p50 {p50_idle:.1f} ms  p99 {pct(idle, 0.99):.1f} ms")
     print(
@@ -244,6 +248,16 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
             f"state change -> frame, each of {subscribers} subscribers"
             f" ({len(latencies)} receipts of {received} frames): p50 {statistics.median(latencies):.1f} ms"
             f"  p99 {pct(latencies, 0.99):.1f} ms  max {max(latencies):.1f} ms  missing {missing}"
+        )
+    if by_change:
+        # Where the time goes: up to the first subscriber's read (commit, scheduler, gateway),
+        # then from the first to the last (the fan-out over 1,000 sockets and the readers).
+        first = [min(v) for v in by_change.values()]
+        spread = [max(v) - min(v) for v in by_change.values()]
+        print(
+            f"per state change ({len(by_change)}): first subscriber p50 {statistics.median(first):.1f} ms"
+            f"  p99 {pct(first, 0.99):.1f} ms; last minus first p50 {statistics.median(spread):.1f} ms"
+            f"  p99 {pct(spread, 0.99):.1f} ms"
         )
     if received:
         # CPU time does not depend on how busy the shared machine is, unlike the latencies.

@@ -43,6 +43,7 @@ log = structlog.get_logger("task_stream")
 Session = tuple[str, str]
 READY_TIMEOUT_S = 10.0
 FANOUT_SLICE = 50
+INBOX_EVENTS = 1024
 FINISHED = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
 EVENT_NAMES = {
     pb.TASK_EVENT_TYPE_SNAPSHOT: "task.snapshot",
@@ -98,39 +99,73 @@ class TaskStreams:
         call = self.stub.WatchTasks(pb.WatchTasksRequest(agent_id=key[0], session_id=key[1]))
         TASK_WATCHES.inc()
         ending: bytes | None = None
+        # Events read while a fan-out runs wait here and go out together: one write per client.
+        # Bounded, so a fan-out that cannot keep up holds the upstream call back (gRPC flow control).
+        inbox: asyncio.Queue[pb.WatchTasksResponse | None] = asyncio.Queue()
+        room = asyncio.Event()
+
+        async def receive() -> None:
+            try:
+                async for event in call:
+                    inbox.put_nowait(event)
+                    if inbox.qsize() >= INBOX_EVENTS:
+                        room.clear()
+                        await room.wait()
+            finally:
+                inbox.put_nowait(None)  # the end, after every event
+
+        receiving: asyncio.Task[None] | None = None
         try:
             # The scheduler sends the initial metadata once it has subscribed.
             await call.initial_metadata()
             feed.live.set()
-            async for event in call:
-                task = event.task
-                slim = slim_task_json(task)
-                data = json.dumps({"task": slim})
-                if task.state in FINISHED:
-                    feed.active.pop(task.task_id, None)
-                else:
-                    # Every committed change raises the version, a telemetry observation too:
-                    # what a client is shown is the rest. A joiner still gets the newest version.
-                    shows = json.dumps({k: v for k, v in slim.items() if k != "version"})
-                    before = feed.active.get(task.task_id)
-                    feed.active[task.task_id] = Latest(data, shows)
-                    if before is not None and before.shows == shows:
-                        continue  # nothing a slim event shows has changed (e.g. a telemetry observation)
-                chunk = frame(data, EVENT_NAMES.get(event.type, "task.event"), str(event.sequence))
-                await self._fan_out(feed, chunk)
+            receiving = asyncio.create_task(receive())
+            ended = False
+            while not ended:
+                batch = [await inbox.get()]
+                while not inbox.empty():
+                    batch.append(inbox.get_nowait())
+                room.set()
+                ended = batch[-1] is None
+                chunks = [c for e in batch if e is not None and (c := self._apply(feed, e)) is not None]
+                if chunks:
+                    await self._fan_out(feed, chunks)
+            await receiving  # the upstream call ended: its error, if any, is raised here
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 ending = error_frame(exc.code().name, exc.details() or "")
         finally:
             TASK_WATCHES.dec()
+            if receiving is not None:
+                receiving.cancel()
+                await asyncio.gather(receiving, return_exceptions=True)
             call.cancel()
             if self.feeds.get(key) is feed:
                 del self.feeds[key]
             for client in feed.clients:
                 self._end(client, ending)
 
-    async def _fan_out(self, feed: Feed, chunk: bytes) -> None:
-        wire = http_chunk(chunk)  # encoded once for every client that took its connection over
+    @staticmethod
+    def _apply(feed: Feed, event: pb.WatchTasksResponse) -> bytes | None:
+        """The event's frame, with the feed's snapshots brought up to date; None if nothing shown changed."""
+        task = event.task
+        slim = slim_task_json(task)
+        data = json.dumps({"task": slim})
+        if task.state in FINISHED:
+            feed.active.pop(task.task_id, None)
+        else:
+            # Every committed change raises the version, a telemetry observation too:
+            # what a client is shown is the rest. A joiner still gets the newest version.
+            shows = json.dumps({k: v for k, v in slim.items() if k != "version"})
+            before = feed.active.get(task.task_id)
+            feed.active[task.task_id] = Latest(data, shows)
+            if before is not None and before.shows == shows:
+                return None  # nothing a slim event shows has changed (e.g. a telemetry observation)
+        return frame(data, EVENT_NAMES.get(event.type, "task.event"), str(event.sequence))
+
+    async def _fan_out(self, feed: Feed, chunks: list[bytes]) -> None:
+        # Encoded once for every client that took its connection over: one HTTP chunk per frame.
+        wire = b"".join(http_chunk(c) for c in chunks)
         clients = list(feed.clients)
         loop = asyncio.get_running_loop()
         for start in range(0, len(clients), FANOUT_SLICE):
@@ -141,18 +176,20 @@ class TaskStreams:
             now = loop.time()
             for client in clients[start : start + FANOUT_SLICE]:
                 if client.transport is not None:
-                    self._write(feed, client, wire, now)
+                    self._write(feed, client, wire, len(chunks), now)
                 else:
-                    self._offer(feed, client, chunk)
+                    for chunk in chunks:
+                        if not self._offer(feed, client, chunk):
+                            break
 
-    def _write(self, feed: Feed, client: Client, wire: bytes, now: float) -> None:
+    def _write(self, feed: Feed, client: Client, wire: bytes, frames: int, now: float) -> None:
         transport = client.transport
         assert transport is not None
         if client.ended or transport.is_closing():
             return  # gone: its response leaves the feed
         if transport.get_write_buffer_size():
             # The socket's buffer is full and frames wait in ours: the same bound as a queue.
-            client.backlog += 1
+            client.backlog += frames
             if client.backlog > self.buffer_frames:
                 self._too_slow(feed, client)
                 return
@@ -167,12 +204,17 @@ class TaskStreams:
         log.warning("task_stream_client_too_slow", buffer_frames=self.buffer_frames)
         self._end(client, error_frame("STREAM_TOO_SLOW", "reconnect to start again from fresh snapshots"))
 
-    def _offer(self, feed: Feed, client: Client, chunk: bytes) -> None:
+    def _offer(self, feed: Feed, client: Client, chunk: bytes) -> bool:
+        """False if the client has been ended (now or before)."""
+        if client not in feed.clients:
+            return False
         try:
             client.queue.put_nowait(chunk)
         except asyncio.QueueFull:
             # Its writer drains the queue as fast as the client reads: this one is stuck. End it.
             self._too_slow(feed, client)
+            return False
+        return True
 
     @staticmethod
     def _end(client: Client, last: bytes | None) -> None:

@@ -185,8 +185,7 @@ async def test_a_client_whose_connection_does_not_drain_is_ended_and_the_others_
     call = scheduler.calls[0]
     for i in range(10):
         call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, i + 1, progress=pb.Progress(text=str(i))))
-    await settle()
-    await settle()
+        await settle()  # one at a time: one write each
     assert len(drained.written) == 10 and all(w.endswith(b"\r\n") for w in drained.written)
     size, _, rest = drained.written[3].partition(b"\r\n")
     payload = rest.removesuffix(b"\r\n")
@@ -221,3 +220,26 @@ async def test_the_streams_of_one_key_share_their_access_recheck() -> None:
     await asyncio.sleep(0.25)
     await shared[1]()
     assert calls.count("k1") == 2, "checked again once the interval has passed"
+
+
+async def test_events_that_arrive_during_a_fan_out_go_out_together_in_one_write_per_client() -> None:
+    scheduler = FakeScheduler()
+    streams = TaskStreams(scheduler, buffer_frames=64)  # type: ignore[arg-type]
+    wired, queued = await streams.open("a", "s"), await streams.open("a", "s")
+    transport = DrainedTransport()
+    assert wired.take_over(transport) is not None
+    call = scheduler.calls[0]
+    for i in range(10):  # all read before the feed's next turn
+        call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, i + 1, progress=pb.Progress(text=str(i))))
+    await settle()
+    await settle()
+    (written,) = transport.written
+    assert [line for line in written.split(b"\n") if line.startswith(b"id: ")] == [
+        f"id: {i + 1}".encode() for i in range(10)
+    ], "every frame, in order, in one write"
+    # A client still on its queue gets them as ten frames (its bound counts frames).
+    got = [await anext(queued) for _ in range(10)]
+    assert [g.split(b"id: ")[1].split(b"\n")[0] for g in got] == [str(i + 1).encode() for i in range(10)]
+    await wired.aclose()
+    await queued.aclose()
+    await streams.close()
