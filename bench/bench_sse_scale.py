@@ -140,8 +140,8 @@ def subscriber_process(url: str, path: str, key: str, n: int, conn: Connection) 
     """The subscribers in their own process at a lower priority: they stand for clients on other
     machines, so their reading should take as little as it can from the services' two cores.
     One selector loop over raw non-blocking sockets: each read is kept with its receipt time
-    and parsed after the run (an asyncio stream reader per client cost ~10x more per frame and
-    delayed the measured receipt by its own work)."""
+    and parsed after the run (an asyncio stream reader per client, the earlier version, woke a
+    task per socket per frame: its own work competed with the gateway it measured)."""
     os.nice(10)
     host, port = url.removeprefix("http://").split(":")
     request = (
