@@ -243,3 +243,45 @@ async def test_events_that_arrive_during_a_fan_out_go_out_together_in_one_write_
     await wired.aclose()
     await queued.aclose()
     await streams.close()
+
+
+async def test_a_real_client_that_stops_reading_is_ended_once_its_connection_backs_up(
+    served: tuple[int, TaskStreams, FakeScheduler, dict[str, bytes | None]],
+) -> None:
+    port, streams, scheduler, _ = served
+    stuck = socket.socket()
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.connect(("127.0.0.1", port))
+    stuck.sendall(b"GET /events HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n\r\n")
+    reading = await Reader.open(port)
+    (feed,) = streams.feeds.values()
+    for _ in range(100):
+        if len(feed.clients) == 2 and all(c.transport is not None for c in feed.clients):
+            break
+        await asyncio.sleep(0.02)
+    for client in feed.clients:
+        # Small kernel buffers on the gateway's side too, so a peer that stops reading backs up soon.
+        assert client.transport is not None
+        client.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    call = scheduler.calls[0]
+    sent = 0
+    while len(feed.clients) == 2 and sent < 2000:
+        text = f"{sent:05d}" + "x" * 190
+        call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, sent + 1, progress=pb.Progress(text=text)))
+        sent += 1
+        got = json.loads((await reading.next())[1])["task"]["progress"]["text"]
+        assert got == text, "the reading client is not held back"
+    assert len(feed.clients) == 1, f"the stuck client still joined after {sent} frames"
+
+    def read_to_the_end() -> bytes:
+        stuck.settimeout(10)
+        body = b""
+        while not body.endswith(b"0\r\n\r\n"):
+            body += stuck.recv(65536)
+        return body
+
+    # Reading at last: the frames that were buffered, then the error frame and the end of the body.
+    body = await asyncio.to_thread(read_to_the_end)
+    assert b"event: error" in body and b"STREAM_TOO_SLOW" in body.rpartition(b"event: error")[2]
+    stuck.close()
+    reading.close()
