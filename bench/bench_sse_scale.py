@@ -21,6 +21,8 @@ import asyncio
 import json
 import multiprocessing
 import os
+import selectors
+import socket
 import statistics
 import sys
 import tempfile
@@ -52,41 +54,25 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_ms(pid: int) -> float:
+    """The process's user + system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 def wall_ms(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000
 
 
-class Subscriber:
-    """One SSE client on a raw socket: keeps each read with its receipt time (parsed after the run,
-    so the client process spends as little of the shared CPU as it can)."""
-
-    def __init__(self) -> None:
-        self.reads: list[tuple[float, bytes]] = []
-        self.ready = asyncio.Event()
-
-    async def run(self, host: str, port: int, path: str, key: str) -> None:
-        reader, writer = await asyncio.open_connection(host, port)
-        request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
-        writer.write((request + "Accept: text/event-stream\r\n\r\n").encode())
-        await writer.drain()
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            if head.startswith(b"HTTP/1.1 200"):
-                self.ready.set()  # the gateway answers once the stream is live
-            while chunk := await reader.read(65536):
-                self.reads.append((time.time() * 1000, chunk))
-        finally:
-            writer.close()
-
-    def lines(self) -> list[tuple[float, bytes]]:
-        """(receipt time of the read that completed it, data line)."""
-        out: list[tuple[float, bytes]] = []
-        pending = b""
-        for at, chunk in self.reads:
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            out.extend((at, line) for line in complete if line.startswith(b"data: "))
-        return out
+def data_lines(reads: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
+    """(receipt time of the read that completed it, data line), parsed after the run."""
+    out: list[tuple[float, bytes]] = []
+    pending = b""
+    for at, chunk in reads:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        out.extend((at, line) for line in complete if line.startswith(b"data: "))
+    return out
 
 
 def metric(stack: Stack, service: str, name: str) -> float:
@@ -122,9 +108,12 @@ async def cancels(http: httpx.AsyncClient, base: str, n: int) -> list[float]:
     return timings
 
 
-def event_latencies(subs: list[list[tuple[float, bytes]]], task_ids: set[str]) -> tuple[list[float], int, int]:
-    """(latencies ms, frames received, state changes missed by some subscriber)."""
+def event_latencies(
+    subs: list[list[tuple[float, bytes]]], task_ids: set[str]
+) -> tuple[list[float], int, int, dict[tuple[str, str], list[float]]]:
+    """(latencies ms, frames received, state changes missed by some subscriber, latencies by change)."""
     latencies: list[float] = []
+    by_change: dict[tuple[str, str], list[float]] = {}
     received = 0
     expected: set[tuple[str, str]] = set()
     seen_per_sub: list[set[tuple[str, str]]] = []
@@ -140,34 +129,70 @@ def event_latencies(subs: list[list[tuple[float, bytes]]], task_ids: set[str]) -
                 continue
             seen.add(change)
             latencies.append(at - wall_ms(task["updatedAt"]))
+            by_change.setdefault(change, []).append(latencies[-1])
         seen_per_sub.append(seen)
         expected |= seen
     missing = sum(len(expected - seen) for seen in seen_per_sub)
-    return latencies, received, missing
+    return latencies, received, missing, by_change
 
 
 def subscriber_process(url: str, path: str, key: str, n: int, conn: Connection) -> None:
     """The subscribers in their own process at a lower priority: they stand for clients on other
-    machines, so their reading should take as little as it can from the services' two cores."""
+    machines, so their reading should take as little as it can from the services' two cores.
+    One selector loop over raw non-blocking sockets: each read is kept with its receipt time
+    and parsed after the run (an asyncio stream reader per client, the earlier version, woke a
+    task per socket per frame: its own work competed with the gateway it measured)."""
     os.nice(10)
-
-    async def main() -> None:
-        host, port = url.removeprefix("http://").split(":")
-        subs = [Subscriber() for _ in range(n)]
-        readers = []
-        for i, sub in enumerate(subs):
-            readers.append(asyncio.create_task(sub.run(host, int(port), path, key)))
-            if i % 50 == 49:
-                await asyncio.sleep(0.05)  # don't overrun the listen backlog
-        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in subs)), 180)
-        conn.send("ready")
-        await asyncio.to_thread(conn.recv)  # "stop"
-        for reader in readers:
-            reader.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
-        conn.send([sub.lines() for sub in subs])
-
-    asyncio.run(main())
+    host, port = url.removeprefix("http://").split(":")
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
+    selector = selectors.DefaultSelector()
+    reads: list[list[tuple[float, bytes]]] = [[] for _ in range(n)]
+    heads = [b""] * n
+    socks: list[socket.socket] = []
+    for i in range(n):
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(request)
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ, i)
+        socks.append(sock)
+        if i % 50 == 49:
+            time.sleep(0.05)  # don't overrun the listen backlog
+    selector.register(conn, selectors.EVENT_READ, -1)
+    waiting_heads = n
+    deadline = time.monotonic() + 180
+    stopping = False
+    while not stopping:
+        if waiting_heads and time.monotonic() > deadline:
+            raise TimeoutError(f"{waiting_heads} subscribers got no answer")
+        for selected, _ in selector.select(1.0):
+            i = selected.data
+            if i == -1:
+                conn.recv()  # "stop"
+                stopping = True
+                continue
+            data = socks[i].recv(65536)
+            if not data:
+                selector.unregister(socks[i])
+                continue
+            at = time.time() * 1000
+            if waiting_heads and b"\r\n\r\n" not in heads[i]:
+                heads[i] += data
+                head, sep, rest = heads[i].partition(b"\r\n\r\n")
+                if not sep:
+                    continue
+                if not head.startswith(b"HTTP/1.1 200"):
+                    raise RuntimeError(head.decode(errors="replace"))
+                waiting_heads -= 1  # the gateway answers once the stream is live
+                if not waiting_heads:
+                    conn.send("ready")
+                data = rest
+            if data:
+                reads[i].append((at, data))
+    for sock in socks:
+        sock.close()
+    conn.send([data_lines(r) for r in reads])
 
 
 async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
@@ -176,7 +201,9 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
     gateway_pid = stack.procs["gateway"].proc.pid  # type: ignore[union-attr]
     async with httpx.AsyncClient(headers=headers, timeout=60) as http:
         await cancels(http, base, 3)  # warm-up
+        cpu_before = cpu_ms(gateway_pid)
         idle = await cancels(http, base, n_cancels)
+        cpu_idle = cpu_ms(gateway_pid) - cpu_before
         rss_idle = rss_mib(gateway_pid)
 
         path = f"/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks/events"
@@ -197,8 +224,11 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
 
         listed = (await http.get(f"{base}/tasks?all=true&page_size=100")).json()["tasks"]
         earlier = {t["taskId"] for t in listed}
+        cpu_before, child_before = cpu_ms(gateway_pid), cpu_ms(child.pid)  # type: ignore[arg-type]
         loaded = await cancels(http, base, n_cancels)
         await asyncio.sleep(2.0)  # the last frames arrive
+        cpu_loaded = cpu_ms(gateway_pid) - cpu_before
+        child_cpu = cpu_ms(child.pid) - child_before  # type: ignore[arg-type]
         listed = (await http.get(f"{base}/tasks?all=true&page_size=100")).json()["tasks"]
         measured = {t["taskId"] for t in listed} - earlier
         rss_after = rss_mib(gateway_pid)
@@ -206,7 +236,7 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
         lines = await asyncio.to_thread(here.recv)
         child.join(30)
 
-    latencies, received, missing = event_latencies(lines, measured)
+    latencies, received, missing, by_change = event_latencies(lines, measured)
     p50_idle, p50_loaded = statistics.median(idle), statistics.median(loaded)
     print(f"REST cancel, idle ({n_cancels}): p50 {p50_idle:.1f} ms  p99 {pct(idle, 0.99):.1f} ms")
     print(
@@ -218,6 +248,23 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
             f"state change -> frame, each of {subscribers} subscribers"
             f" ({len(latencies)} receipts of {received} frames): p50 {statistics.median(latencies):.1f} ms"
             f"  p99 {pct(latencies, 0.99):.1f} ms  max {max(latencies):.1f} ms  missing {missing}"
+        )
+    if by_change:
+        # Where the time goes: up to the first subscriber's read (commit, scheduler, gateway),
+        # then from the first to the last (the fan-out over 1,000 sockets and the readers).
+        first = [min(v) for v in by_change.values()]
+        spread = [max(v) - min(v) for v in by_change.values()]
+        print(
+            f"per state change ({len(by_change)}): first subscriber p50 {statistics.median(first):.1f} ms"
+            f"  p99 {pct(first, 0.99):.1f} ms; last minus first p50 {statistics.median(spread):.1f} ms"
+            f"  p99 {pct(spread, 0.99):.1f} ms"
+        )
+    if received:
+        # CPU time does not depend on how busy the shared machine is, unlike the latencies.
+        print(
+            f"gateway CPU: {cpu_idle:.0f} ms for the idle cancels, {cpu_loaded:.0f} ms with the streams:"
+            f" {(cpu_loaded - cpu_idle) * 1000 / received:.1f} us per frame sent;"
+            f" subscriber process {child_cpu * 1000 / received:.1f} us per frame read"
         )
     print(f"{subscribers} streams opened in {open_s:.1f} s; gateway SSE subscribers (metric) {streams:.0f}")
     print(

@@ -8,6 +8,7 @@ import os
 import uvicorn
 
 from gateway_http.app import create_app
+from gateway_http.sse_wire import expose_connection
 from gateway_http.store import MIGRATIONS, GatewayStore
 from libs.db import Database
 from libs.log import get_logger
@@ -23,7 +24,8 @@ async def main() -> None:
     host, _, port = settings.http_addr.rpartition(":")
     store = GatewayStore(db)
     config = uvicorn.Config(
-        create_app(settings, store),
+        # The task stream writes its frames to the connection itself (gateway_http.sse_wire).
+        expose_connection(create_app(settings, store)),
         host=host,
         port=int(port),
         log_config=None,

@@ -12,12 +12,20 @@ them. The feed is live once the scheduler has subscribed (it sends the call's in
 metadata then), so a client that has its response headers sees every later change.
 Each client has a bounded queue; a client that lets it fill is ended with an error
 frame (it may reconnect and start again from fresh snapshots); nobody else waits.
+
+Once a client's response has started and sent what was queued for it, the response
+hands its connection over (``Subscription.take_over``, see ``sse_wire``): from then on the
+feed writes each event, encoded as an HTTP chunk once, straight to the client's
+transport, and the bound is the frames waiting in the transport's buffer (written while
+it was not empty). The fan-out yields to the loop every ``FANOUT_SLICE`` clients.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,6 +34,7 @@ import structlog
 from gateway_http.convert import slim_task_json
 from gateway_http.metrics import SSE_DROPPED, SSE_SUBSCRIBERS, TASK_WATCHES
 from gateway_http.sse import frame
+from gateway_http.sse_wire import chunk as http_chunk
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -34,6 +43,7 @@ log = structlog.get_logger("task_stream")
 Session = tuple[str, str]
 READY_TIMEOUT_S = 10.0
 FANOUT_SLICE = 50
+INBOX_EVENTS = 1024
 FINISHED = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
 EVENT_NAMES = {
     pb.TASK_EVENT_TYPE_SNAPSHOT: "task.snapshot",
@@ -52,6 +62,12 @@ def error_frame(error: str, message: str) -> bytes:
 @dataclass(eq=False)
 class Client:
     queue: asyncio.Queue[bytes | None]
+    # Set once its response has taken over the connection: frames go straight to it.
+    transport: asyncio.Transport | None = None
+    done: asyncio.Event | None = None  # with a transport: set when the stream has ended
+    ended: bool = False
+    backlog: int = 0  # frames written while the transport's buffer was not empty
+    sent_at: float = 0.0  # loop time of the last write to the transport
 
 
 @dataclass(frozen=True)
@@ -76,59 +92,141 @@ class TaskStreams:
         self.stub = stub
         self.buffer_frames = buffer_frames
         self.feeds: dict[Session, Feed] = {}
+        # (credential digest, agent, session) -> (loop time it was started, the access check).
+        self._checks: dict[tuple[str, str, str], tuple[float, asyncio.Future[bytes | None]]] = {}
 
     async def _run(self, key: Session, feed: Feed) -> None:
         call = self.stub.WatchTasks(pb.WatchTasksRequest(agent_id=key[0], session_id=key[1]))
         TASK_WATCHES.inc()
         ending: bytes | None = None
+        # Events read while a fan-out runs wait here and go out together: one write per client.
+        # Bounded, so a fan-out that cannot keep up holds the upstream call back (gRPC flow control).
+        inbox: asyncio.Queue[pb.WatchTasksResponse | None] = asyncio.Queue()
+        room = asyncio.Event()
+
+        async def receive() -> None:
+            try:
+                async for event in call:
+                    inbox.put_nowait(event)
+                    if inbox.qsize() >= INBOX_EVENTS:
+                        room.clear()
+                        await room.wait()
+            finally:
+                inbox.put_nowait(None)  # the end, after every event
+
+        receiving: asyncio.Task[None] | None = None
         try:
             # The scheduler sends the initial metadata once it has subscribed.
             await call.initial_metadata()
             feed.live.set()
-            async for event in call:
-                task = event.task
-                slim = slim_task_json(task)
-                data = json.dumps({"task": slim})
-                if task.state in FINISHED:
-                    feed.active.pop(task.task_id, None)
-                else:
-                    # Every committed change raises the version, a telemetry observation too:
-                    # what a client is shown is the rest. A joiner still gets the newest version.
-                    shows = json.dumps({k: v for k, v in slim.items() if k != "version"})
-                    before = feed.active.get(task.task_id)
-                    feed.active[task.task_id] = Latest(data, shows)
-                    if before is not None and before.shows == shows:
-                        continue  # nothing a slim event shows has changed (e.g. a telemetry observation)
-                chunk = frame(data, EVENT_NAMES.get(event.type, "task.event"), str(event.sequence))
-                for i, client in enumerate(list(feed.clients)):
-                    self._offer(feed, client, chunk)
-                    if i % FANOUT_SLICE == FANOUT_SLICE - 1:
-                        # Let the control path (a REST cancel, a create) run between slices: the
-                        # writers woken so far are all that is queued ahead of it, not every client.
-                        await asyncio.sleep(0)
+            receiving = asyncio.create_task(receive())
+            ended = False
+            while not ended:
+                batch = [await inbox.get()]
+                while not inbox.empty():
+                    batch.append(inbox.get_nowait())
+                room.set()
+                ended = batch[-1] is None
+                chunks = [c for e in batch if e is not None and (c := self._apply(feed, e)) is not None]
+                if chunks:
+                    await self._fan_out(feed, chunks)
+            await receiving  # the upstream call ended: its error, if any, is raised here
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 ending = error_frame(exc.code().name, exc.details() or "")
         finally:
             TASK_WATCHES.dec()
+            if receiving is not None:
+                receiving.cancel()
+                await asyncio.gather(receiving, return_exceptions=True)
             call.cancel()
             if self.feeds.get(key) is feed:
                 del self.feeds[key]
             for client in feed.clients:
                 self._end(client, ending)
 
-    def _offer(self, feed: Feed, client: Client, chunk: bytes) -> None:
+    @staticmethod
+    def _apply(feed: Feed, event: pb.WatchTasksResponse) -> bytes | None:
+        """The event's frame, with the feed's snapshots brought up to date; None if nothing shown changed."""
+        task = event.task
+        slim = slim_task_json(task)
+        data = json.dumps({"task": slim})
+        if task.state in FINISHED:
+            feed.active.pop(task.task_id, None)
+        else:
+            # Every committed change raises the version, a telemetry observation too:
+            # what a client is shown is the rest. A joiner still gets the newest version.
+            shows = json.dumps({k: v for k, v in slim.items() if k != "version"})
+            before = feed.active.get(task.task_id)
+            feed.active[task.task_id] = Latest(data, shows)
+            if before is not None and before.shows == shows:
+                return None  # nothing a slim event shows has changed (e.g. a telemetry observation)
+        return frame(data, EVENT_NAMES.get(event.type, "task.event"), str(event.sequence))
+
+    async def _fan_out(self, feed: Feed, chunks: list[bytes]) -> None:
+        # Encoded once for every client that took its connection over: one HTTP chunk per frame.
+        wire = b"".join(http_chunk(c) for c in chunks)
+        clients = list(feed.clients)
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(clients), FANOUT_SLICE):
+            if start:
+                # Let the control path (a REST cancel, a create) run between slices: one
+                # slice of writes is all that is ahead of it, not every client.
+                await asyncio.sleep(0)
+            now = loop.time()
+            for client in clients[start : start + FANOUT_SLICE]:
+                if client.transport is not None:
+                    self._write(feed, client, wire, len(chunks), now)
+                else:
+                    for chunk in chunks:
+                        if not self._offer(feed, client, chunk):
+                            break
+
+    def _write(self, feed: Feed, client: Client, wire: bytes, frames: int, now: float) -> None:
+        transport = client.transport
+        assert transport is not None
+        if client.ended or transport.is_closing():
+            return  # gone: its response leaves the feed
+        if transport.get_write_buffer_size():
+            # The socket's buffer is full and frames wait in ours: the same bound as a queue.
+            client.backlog += frames
+            if client.backlog > self.buffer_frames:
+                self._too_slow(feed, client)
+                return
+        else:
+            client.backlog = 0
+        transport.write(wire)
+        client.sent_at = now
+
+    def _too_slow(self, feed: Feed, client: Client) -> None:
+        feed.clients.discard(client)
+        SSE_DROPPED.labels("tasks").inc()
+        log.warning("task_stream_client_too_slow", buffer_frames=self.buffer_frames)
+        self._end(client, error_frame("STREAM_TOO_SLOW", "reconnect to start again from fresh snapshots"))
+
+    def _offer(self, feed: Feed, client: Client, chunk: bytes) -> bool:
+        """False if the client has been ended (now or before)."""
+        if client not in feed.clients:
+            return False
         try:
             client.queue.put_nowait(chunk)
         except asyncio.QueueFull:
             # Its writer drains the queue as fast as the client reads: this one is stuck. End it.
-            feed.clients.discard(client)
-            SSE_DROPPED.labels("tasks").inc()
-            log.warning("task_stream_client_too_slow", buffer_frames=self.buffer_frames)
-            self._end(client, error_frame("STREAM_TOO_SLOW", "reconnect to start again from fresh snapshots"))
+            self._too_slow(feed, client)
+            return False
+        return True
 
     @staticmethod
     def _end(client: Client, last: bytes | None) -> None:
+        if client.transport is not None:
+            # Its response finishes the body once ``done`` is set; the last frame goes first.
+            if not client.ended:
+                client.ended = True
+                if last is not None and not client.transport.is_closing():
+                    client.transport.write(http_chunk(last))
+                assert client.done is not None
+                client.done.set()
+            return
         while not client.queue.empty():
             client.queue.get_nowait()
         if last is not None:
@@ -181,6 +279,32 @@ class TaskStreams:
             return Subscription(self, key, None, None)
         return Subscription(self, key, *joined)
 
+    def shared_check(
+        self,
+        credential: str,
+        agent_id: str,
+        session_id: str,
+        check: Callable[[], Awaitable[bytes | None]],
+        ttl_s: float,
+    ) -> Callable[[], Awaitable[bytes | None]]:
+        """``check``, shared by every stream of the same credential and session for ``ttl_s``:
+        1,000 streams of one key recheck its access once, not 1,000 times per interval."""
+        key = (hashlib.sha256(credential.encode()).hexdigest(), agent_id, session_id)
+
+        async def shared() -> bytes | None:
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            held = self._checks.get(key)
+            failed = held is not None and held[1].done() and (held[1].cancelled() or held[1].exception() is not None)
+            if held is None or failed or now - held[0] >= ttl_s:
+                for stale in [k for k, (at, _) in self._checks.items() if now - at >= ttl_s]:
+                    del self._checks[stale]
+                held = self._checks[key] = (now, asyncio.ensure_future(check()))
+            # Shielded: one stream that ends while the check runs must not cancel it for the others.
+            return await asyncio.shield(held[1])
+
+        return shared
+
     async def close(self) -> None:
         tasks = [f.task for f in self.feeds.values() if f.task is not None]
         for t in tasks:
@@ -213,6 +337,36 @@ class Subscription:
             self.client.queue.put_nowait(None)
         return self.client.queue
 
+    def take_over(self, transport: asyncio.Transport) -> asyncio.Event | None:
+        """The feed writes this client's frames straight to ``transport`` from now on; the event
+        is set when the stream has ended. None while frames are still queued (send those first)
+        or when there is no feed."""
+        client = self.client
+        if client is None or self.feed is None or self.closed or not client.queue.empty():
+            return None
+        client.transport = transport
+        client.done = asyncio.Event()
+        client.sent_at = asyncio.get_running_loop().time()
+        return client.done
+
+    def write(self, data: bytes) -> None:
+        """A frame of the client's own (a heartbeat), on a connection taken over."""
+        client = self.client
+        if client is not None and client.transport is not None and not client.ended:
+            if not client.transport.is_closing():
+                client.transport.write(http_chunk(data))
+            client.sent_at = asyncio.get_running_loop().time()
+
+    @property
+    def sent_at(self) -> float:
+        return self.client.sent_at if self.client is not None else 0.0
+
+    def end(self, last: bytes | None) -> None:
+        """Ends the client's stream with ``last`` (its access ended)."""
+        if self.feed is not None and self.client is not None:
+            self.feed.clients.discard(self.client)
+            self.streams._end(self.client, last)
+
     def __aiter__(self) -> Subscription:
         return self
 
@@ -232,6 +386,8 @@ class Subscription:
         if self.closed:
             return
         self.closed = True
+        if self.client is not None:
+            self.client.ended = True  # a fan-out slice under way skips it
         if self.feed is not None and self.client is not None:
             self.streams.leave(self.key, self.feed, self.client)
             SSE_SUBSCRIBERS.labels("tasks").dec()

@@ -181,12 +181,21 @@ async def task_events(request: Request, caller: SessionCaller) -> BoundedEventSt
     heartbeat_s = settings.notifier.sse_heartbeat_ms / 1000
     # Joined before answering: the response's headers mean "subscribed".
     subscription = await streams.open(caller.agent_id, caller.session_id)
+    recheck_s = min(heartbeat_s, 5.0)
+    # One recheck per key and session and interval, however many streams it has open.
+    still_allowed = streams.shared_check(
+        request.headers.get("authorization", ""),
+        caller.agent_id,
+        caller.session_id,
+        stream_access_check(request, caller),
+        recheck_s,
+    )
     return BoundedEventStream(
         subscription,
         buffer_frames=settings.notifier.sse_client_buffer,
         heartbeat_s=heartbeat_s,
-        still_allowed=stream_access_check(request, caller),
-        recheck_s=min(heartbeat_s, 5.0),
+        still_allowed=still_allowed,
+        recheck_s=recheck_s,
     )
 
 

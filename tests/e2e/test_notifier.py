@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import Api, add_member, run_cli
+from tests.e2e.conftest import Api, add_member, create_key, run_cli
 from tests.support.procs import REPO, free_port
 from tests.support.stack import Stack, make_stack
 
@@ -109,7 +109,7 @@ class Env:
         return Api(self.stack, key or self.key, agent=agent, session=session)
 
 
-SESSIONS = ["sse-1", "sse-2", "promise-1", "revoke-1", "cli-1", "ask-1"]
+SESSIONS = ["sse-1", "sse-2", "promise-1", "revoke-1", "revoke-2", "cli-1", "ask-1"]
 HOOK_SESSIONS = ["hook-1", "hook-2", "hook-3", "hook-4"]
 
 
@@ -191,13 +191,13 @@ class Frame:
 class SseReader:
     """Reads an SSE response on a thread into a queue, so the test can wait with bounds."""
 
-    def __init__(self, api: Api, last_event_id: str | None = None) -> None:
+    def __init__(self, api: Api, last_event_id: str | None = None, path: str = "/activity/stream") -> None:
         headers = {"Authorization": f"Bearer {api.key}", "Accept": "text/event-stream"}
         if last_event_id:
             headers["Last-Event-ID"] = last_event_id
         self.client = httpx.Client(timeout=httpx.Timeout(30, read=30))
         self.response = self.client.send(
-            self.client.build_request("GET", api.base + "/activity/stream", headers=headers), stream=True
+            self.client.build_request("GET", api.base + path, headers=headers), stream=True
         )
         self.frames: queue.Queue[Frame | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -375,6 +375,45 @@ def test_a_revoked_key_ends_the_stream(env: Env) -> None:
         assert reader.next(timeout_s=10, comments=True) is None  # then the stream ends
     finally:
         reader.close()
+
+
+def test_a_removed_member_loses_the_session_task_stream_and_the_others_keep_theirs(env: Env) -> None:
+    # The session's task stream: after its snapshots the gateway writes each frame to the
+    # connection itself; the access recheck (shared per key) still ends one client's stream.
+    otto = create_key(env.stack, "otto", "agent-1")
+    add_member(env.stack, "agent-1", "revoke-2", "otto")
+    staying = SseReader(env.api("revoke-2"), path="/tasks/events")
+    leaving = SseReader(env.api("revoke-2", key=otto), path="/tasks/events")
+    try:
+        for reader in (staying, leaving):
+            assert reader.next(timeout_s=5, comments=True) is not None  # a heartbeat: the stream is open
+        removed = run_cli(
+            env.stack,
+            "admin",
+            "members",
+            "remove",
+            "--agent",
+            "agent-1",
+            "--session",
+            "revoke-2",
+            "--principal",
+            "otto",
+        )
+        assert removed.returncode == 0, removed.stderr
+        frame = leaving.next(timeout_s=10)
+        assert frame is not None and frame.event == "error" and frame.data is not None, frame
+        assert frame.data["error"] == "NOT_A_MEMBER"
+        assert leaving.next(timeout_s=10, comments=True) is None  # then the stream ends
+        task = env.api("revoke-2").create("after", profile="exit-at-once")
+        states = []
+        while "completed" not in states:
+            frame = staying.next(timeout_s=15)
+            assert frame is not None and frame.data is not None
+            if frame.data["task"]["taskId"] == task["taskId"]:
+                states.append(frame.data["task"]["state"])
+    finally:
+        staying.close()
+        leaving.close()
 
 
 # --- reports delivered to the webhook ------------------------------------------------------
