@@ -229,7 +229,11 @@ class Cancellation(_Closed):
     requestedAt: datetime | None = None
     cause: str
     replacedByTaskId: str | None = None
-    cleanup: str | None = Field(default=None, description="confirmed | unconfirmed")
+    cleanup: str | None = Field(
+        default=None,
+        description="confirmed | unconfirmed | host_gone (the operator confirmed the worker's scheduler host"
+        " gone; its stop was never proven)",
+    )
 
 
 class Failure(_Closed):
