@@ -540,16 +540,20 @@ class SchedulerStore:
             _write_task(s, after)
             if attempt is not None:
                 _write_attempt(s, attempt)
-            if (
-                closes_questions(before, after)
-                and self.may_have_asked(before)
-                and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": task_id})
-            ):
-                _INSERT_QUESTION_CLOSE.execute(s, {"task_id": task_id, "attempts": 0, "next_at": at})
+            self._queue_question_close(s, before, after, at)
             stored = _append_event(s, after, event_type, at, self.host_id) if event_type else None
             return after, (dataclasses.replace(stored, previous=before.state) if stored else None)
 
         return await self._run(work)
+
+    def _queue_question_close(self, s: Tx, before: Task, after: Task, at: int) -> None:
+        """An ending task's question-close outbox row, in the ending transaction (once)."""
+        if (
+            closes_questions(before, after)
+            and self.may_have_asked(before)
+            and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": after.task_id})
+        ):
+            _INSERT_QUESTION_CLOSE.execute(s, {"task_id": after.task_id, "attempts": 0, "next_at": at})
 
     async def legacy_shutdown_failures(self, since: int) -> list[tuple[Task, int]]:
         """Tasks ``failed`` ``GATEWAY_SHUTDOWN`` since ``since`` (ms), each with the event
@@ -1053,12 +1057,7 @@ class SchedulerStore:
                 attempt = Attempt.model_validate_json(row.doc)
                 if end_attempt_on_gone_host(attempt, host_id, now):
                     _write_attempt(s, attempt)
-            if (
-                closes_questions(before, after)
-                and self.may_have_asked(before)
-                and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": task_id})
-            ):
-                _INSERT_QUESTION_CLOSE.execute(s, {"task_id": task_id, "attempts": 0, "next_at": now})
+            self._queue_question_close(s, before, after, now)
             stored = _append_event(s, after, "task.state_changed", now, self.host_id)
             return after, dataclasses.replace(stored, previous=before.state)
 
