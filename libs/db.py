@@ -153,10 +153,16 @@ class Database:
         """Like ``run`` on a bare connection: for Core-only work, without the ORM session's
         cost (about 90 µs per transaction, more than the statements of a hot unit).
 
-        Each database thread keeps its connection between transactions (a pool checkout
-        per transaction cost as much again); one that failed is dropped, and the next
-        transaction starts on a fresh one.
+        SQLite: each database thread keeps its connection between transactions (a pool
+        checkout per transaction cost as much again); one that failed is dropped, and the
+        next transaction starts on a fresh one. PostgreSQL: a pooled connection per
+        transaction, so the pool's pre-ping replaces one the server dropped (a restart)
+        before any work is lost on it.
         """
+
+        def pooled() -> T:
+            with self.engine.begin() as conn:
+                return fn(conn)
 
         def work() -> T:
             conn = getattr(self._kept, "conn", None)
@@ -172,7 +178,7 @@ class Database:
                 conn.close()
                 raise
 
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work if is_sqlite(self.url) else pooled)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -346,3 +346,28 @@ async def test_a_session_s_unfinished_tasks_are_read_through_the_session_state_i
                 ("a", "s", *UNFINISHED),
             ).all()
         assert "ix_tasks_session_state" in " ".join(str(row) for row in plan)
+
+
+async def test_a_change_after_the_server_dropped_its_connections_still_commits(db_url: str) -> None:
+    """PostgreSQL restarts (here: every backend of the database terminated) must not cost the
+    next change: the pool's pre-ping replaces a dead connection before any work is done on it."""
+    import psycopg
+
+    db = Database(db_url, SCHEDULER_MIGRATIONS)
+    db.migrate()
+    store = SchedulerStore(db)
+    try:
+        await store.create_task(make_task("t1"))
+        if db_url.startswith("postgresql"):
+            name = db_url.rsplit("/", 1)[1]
+            with psycopg.connect(db_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+                killed = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                ).fetchone()
+            assert killed is not None and killed[0] >= 1, "the store held a connection to drop"
+        task, stored = await store.create_task(make_task("t2"))
+        assert stored is not None and (await store.get_task("t2")).task_id == "t2"
+    finally:
+        db.close()
