@@ -74,7 +74,12 @@ def test_2000_tasks_on_three_replicas_one_killed_mid_run(stack_of: Any, tmp_path
     starts = worker_starts(stack)
     for t in task_ids:
         runs = attempts[t]
-        assert starts[t] == len([a for a in runs if a.get("pid")]), t
+        with_pid = [a for a in runs if a.get("pid")]
+        # `worker_started` is logged after `running` commits: the victim may have been killed
+        # between recording a held worker's identity and that line (its trampoline then exits
+        # without running anything), so one of its attempts may lack the line — never more.
+        unlogged = 1 if any(a["host_id"] == victim_host for a in with_pid) else 0
+        assert len(with_pid) - unlogged <= starts[t] <= len(with_pid), (t, starts[t], runs)
         if t not in lost:
             assert len(runs) == 1, t
             continue
