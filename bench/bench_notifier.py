@@ -22,6 +22,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stats import pct, rss_mib  # noqa: E402
 from libs.grpc_client import ClientSecurity, aio_channel  # noqa: E402
 from taskgate.notifier.v1 import notifier_pb2 as npb  # noqa: E402
 from taskgate.notifier.v1 import notifier_pb2_grpc as npb_grpc  # noqa: E402
@@ -38,18 +39,6 @@ SNAPSHOTS = 20
 DELIVERIES = 600
 CONVERSATIONS = 50
 SEQUENTIAL = 200
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 # --- 1,000 SSE subscribers on raw sockets (lighter than 1,000 HTTP clients) -------------

@@ -31,6 +31,7 @@ from google.protobuf.duration_pb2 import Duration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stats import pct  # noqa: E402
 from libs.grpc_client import ClientSecurity, aio_channel  # noqa: E402
 from taskgate.pending.v1 import pending_pb2 as pb  # noqa: E402
 from taskgate.pending.v1 import pending_pb2_grpc as pb_grpc  # noqa: E402
@@ -68,11 +69,6 @@ async def serve_echo(addr: str) -> None:
 
 
 # --- measuring --------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 async def measure(one: Callable[[], Awaitable[float]], concurrency: int, per_task: int) -> list[float]:

@@ -36,22 +36,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.stats import pct, rss_mib  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
 from tests.support.stack import Stack, make_stack  # noqa: E402
 
 AGENT, SESSION = "agent-1", "chat-sse-scale"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def cpu_ms(pid: int) -> float:
