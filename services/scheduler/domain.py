@@ -840,17 +840,20 @@ def mark_unconfirmed(task: Task, outcome: PendingOutcome, detail: str, now: int)
     """A stop that could not be proven: the task waits in needs_reconciliation with its outcome."""
     if task.terminal:
         return False
+    _await_reconciliation(
+        task, outcome, FailureCode.CLEANUP_UNCONFIRMED, f"cannot confirm the worker stopped: {detail}", now
+    )
+    return True
+
+
+def _await_reconciliation(task: Task, outcome: PendingOutcome, code: str, message: str, now: int) -> None:
+    """The task waits in needs_reconciliation, keeping where it goes once its worker is proven gone."""
     task.state = State.NEEDS_RECONCILIATION
     task.updated_at = now
     task.pending_outcome = outcome
-    task.failure = Failure(
-        code=FailureCode.CLEANUP_UNCONFIRMED,
-        message=f"cannot confirm the worker stopped: {detail}",
-        retryable=True,
-    )
+    task.failure = Failure(code=code, message=message, retryable=True)
     if task.cancellation is not None:
         task.cancellation.cleanup = "unconfirmed"
-    return True
 
 
 def mark_host_lost(task: Task, host_id: str, now: int) -> bool:
@@ -859,17 +862,8 @@ def mark_host_lost(task: Task, host_id: str, now: int) -> bool:
     that host's return (or the operator). Unclaimed or settled tasks are left alone."""
     if task.owner_host != host_id or task.terminal or task.state in (State.NEEDS_RECONCILIATION, State.PAUSED):
         return False
-    outcome = recovery_outcome(task)
-    task.state = State.NEEDS_RECONCILIATION
-    task.updated_at = now
-    task.pending_outcome = outcome
-    task.failure = Failure(
-        code=FailureCode.HOST_LOST,
-        message=f"scheduler host {host_id} stopped renewing its lease; its worker may still run there",
-        retryable=True,
-    )
-    if task.cancellation is not None:
-        task.cancellation.cleanup = "unconfirmed"
+    message = f"scheduler host {host_id} stopped renewing its lease; its worker may still run there"
+    _await_reconciliation(task, recovery_outcome(task), FailureCode.HOST_LOST, message, now)
     return True
 
 

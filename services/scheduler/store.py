@@ -722,19 +722,10 @@ class SchedulerStore:
         return await self._run(work)
 
     async def save_launching_attempt(self, attempt: Attempt) -> None:
-        """Commit a ``launching`` attempt only while the task is still queued and this host's
-        (the row lock orders it against another host's cancel or a lost-host sweep)."""
-
-        def work(s: Tx) -> None:
-            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": attempt.task_id})
-            if not rows:
-                raise TaskNotFound("TASK_NOT_FOUND", f"no task {attempt.task_id}")
-            task = _task_from_row(rows[0])
-            if task.state != State.QUEUED or task.owner_host != self.host_id:
-                raise NotOwner(attempt.task_id)
-            _write_attempt(s, attempt)
-
-        await self._run(work)
+        """``begin_launch`` for an attempt made beforehand; NotOwner when the task is gone or no
+        longer queued and this host's."""
+        if await self.begin_launch(attempt.task_id, lambda _task, _previous: attempt) is None:
+            raise NotOwner(attempt.task_id)
 
     async def register_host(self, boot_id: str, now: int, lease_ms: int, only_one: bool) -> None:
         """Record this host's lease; ``only_one`` (SQLite) refuses while another host's is live."""
