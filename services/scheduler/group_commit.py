@@ -55,20 +55,24 @@ class Direct:
         self.stmt = stmt
         self.keys = list(keys)
         self.row: Any = namedtuple("Row", returns) if returns else None  # type: ignore[misc]
-        self._compiled: dict[str, tuple[str, list[str] | None]] = {}
+        self._compiled: dict[str, tuple[str, list[str] | None, dict[str, Any]]] = {}
 
-    def _for(self, conn: Connection) -> tuple[str, list[str] | None]:
+    def _for(self, conn: Connection) -> tuple[str, list[str] | None, dict[str, Any]]:
         found = self._compiled.get(conn.dialect.name)
         if found is None:
             compiled = self.stmt.compile(dialect=conn.dialect, column_keys=self.keys or None)
             positional = getattr(compiled, "positional", False)  # qmark (SQLite) vs named (psycopg)
             order = list(getattr(compiled, "positiontup", None) or []) if positional else None
-            found = self._compiled[conn.dialect.name] = (compiled.string, order)
+            # Values the dialect bound itself (SQLite's LIMIT ? comes with an OFFSET ? of 0).
+            fixed = {k: v for k, v in compiled.params.items() if v is not None}
+            found = self._compiled[conn.dialect.name] = (compiled.string, order, fixed)
         return found
 
     def execute(self, tx: Tx, params: dict[str, Any]) -> Any:
         """The driver's cursor after running the statement with ``params``."""
-        sql, order = self._for(tx.conn)
+        sql, order, fixed = self._for(tx.conn)
+        if fixed:
+            params = {**fixed, **params}
         driver = tx.conn.connection.driver_connection
         assert driver is not None
         return driver.execute(sql, tuple(params[k] for k in order) if order is not None else params)

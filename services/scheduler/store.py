@@ -179,6 +179,8 @@ class StoredEvent:
     origin: str | None = None
     # The state before the change (None: a new task, or an event read back from the log).
     previous: State | None = None
+    # The change committed a question-close outbox row: the closer has work (``Runtime.published``).
+    closes_questions: bool = False
 
 
 class NotOwner(Exception):
@@ -197,10 +199,26 @@ def notify(session: Tx, payload: str) -> None:
 def _task_as_of_event(row: Any, task: Task) -> Task:
     """The current task with the state (and question) the event recorded."""
     task.state = State(row.state)
-    doc = json.loads(row.doc)
-    if "pendingQuestion" in doc:
-        task.pending_question = PendingQuestion.model_validate(doc["pendingQuestion"])
+    if '"pendingQuestion"' in row.doc:  # only a task.question event's doc holds one
+        doc = json.loads(row.doc)
+        if "pendingQuestion" in doc:
+            task.pending_question = PendingQuestion.model_validate(doc["pendingQuestion"])
     return task
+
+
+def _events_as_recorded(rows: list[Any]) -> list[StoredEvent]:
+    """Events read with their task's current document (``task_doc``), each with its own
+    copy of the task as of the event. A task's document is parsed once per read, however
+    many of its events the read holds (a burst has created, running and completed): each
+    event gets a shallow copy, whose own fields (state, question) are set from the event."""
+    parsed: dict[str, Task] = {}
+    events = []
+    for r in rows:
+        current = parsed.get(r.task_id)
+        if current is None:
+            current = parsed[r.task_id] = Task.model_validate_json(r.task_doc)
+        events.append(StoredEvent(r.id, r.type, r.at, _task_as_of_event(r, current.model_copy()), r.origin))
+    return events
 
 
 def _task_from_row(row: Any) -> Task:
@@ -243,6 +261,34 @@ _INSERT_QUESTION_CLOSE = Direct(sa.insert(QUESTION_CLOSES), keys=["task_id", "at
 _SELECT_ATTEMPTS = Direct(
     sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.task_id == sa.bindparam("task_id")).order_by(ATTEMPTS.c.number),
     returns=["doc"],
+)
+_EVENT_READ_COLUMNS = ["id", "task_id", "type", "at", "state", "doc", "origin", "task_doc"]
+
+
+def _events_with_tasks(after: ColumnElement[bool]) -> Any:
+    """Events matching ``after`` with their task's current document, oldest first: one
+    statement (the task by primary key per event) instead of a second query by task ids."""
+    return (
+        sa.select(
+            EVENTS.c.id,
+            EVENTS.c.task_id,
+            EVENTS.c.type,
+            EVENTS.c.at,
+            EVENTS.c.state,
+            EVENTS.c.doc,
+            EVENTS.c.origin,
+            TASKS.c.doc.label("task_doc"),
+        )
+        .join(TASKS, TASKS.c.task_id == EVENTS.c.task_id)
+        .where(after)
+        .order_by(EVENTS.c.id)
+    )
+
+
+# A follower's read with no gaps to look at again: the common one, compiled once.
+_EVENTS_AFTER = Direct(
+    _events_with_tasks(EVENTS.c.id > sa.bindparam("sequence")).limit(sa.bindparam("limit")),
+    returns=_EVENT_READ_COLUMNS,
 )
 
 
@@ -540,20 +586,22 @@ class SchedulerStore:
             _write_task(s, after)
             if attempt is not None:
                 _write_attempt(s, attempt)
-            self._queue_question_close(s, before, after, at)
+            closes = self._queue_question_close(s, before, after, at)
             stored = _append_event(s, after, event_type, at, self.host_id) if event_type else None
-            return after, (dataclasses.replace(stored, previous=before.state) if stored else None)
+            return after, (
+                dataclasses.replace(stored, previous=before.state, closes_questions=closes) if stored else None
+            )
 
         return await self._run(work)
 
-    def _queue_question_close(self, s: Tx, before: Task, after: Task, at: int) -> None:
-        """An ending task's question-close outbox row, in the ending transaction (once)."""
-        if (
-            closes_questions(before, after)
-            and self.may_have_asked(before)
-            and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": after.task_id})
-        ):
+    def _queue_question_close(self, s: Tx, before: Task, after: Task, at: int) -> bool:
+        """An ending task's question-close outbox row, in the ending transaction (once).
+        True when the task has one now (the closer has work)."""
+        if not (closes_questions(before, after) and self.may_have_asked(before)):
+            return False
+        if not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": after.task_id}):
             _INSERT_QUESTION_CLOSE.execute(s, {"task_id": after.task_id, "attempts": 0, "next_at": at})
+        return True
 
     async def legacy_shutdown_failures(self, since: int) -> list[tuple[Task, int]]:
         """Tasks ``failed`` ``GATEWAY_SHUTDOWN`` since ``since`` (ms), each with the event
@@ -628,27 +676,12 @@ class SchedulerStore:
         again = list(recheck)
 
         def work(s: Tx) -> tuple[list[int], list[StoredEvent]]:
-            after: ColumnElement[bool] = EVENTS.c.id > sequence
-            if again:
-                after = after | EVENTS.c.id.in_(again)
-            rows = _rows(s, sa.select(EVENTS).where(after).order_by(EVENTS.c.id).limit(limit))
+            if again:  # a follower's gaps: an IN list of varying length, built per read
+                rows = _rows(s, _events_with_tasks((EVENTS.c.id > sequence) | EVENTS.c.id.in_(again)).limit(limit))
+            else:
+                rows = _EVENTS_AFTER.rows(s, {"sequence": sequence, "limit": limit})
             picked = [r for r in rows if not wanted or r.type in wanted]
-            task_ids = {r.task_id for r in picked}
-            docs = (
-                {
-                    t.task_id: t.doc
-                    for t in _rows(s, sa.select(TASKS.c.task_id, TASKS.c.doc).where(TASKS.c.task_id.in_(task_ids)))
-                }
-                if task_ids
-                else {}
-            )
-            events = [
-                StoredEvent(
-                    r.id, r.type, r.at, _task_as_of_event(r, Task.model_validate_json(docs[r.task_id])), r.origin
-                )
-                for r in picked
-            ]
-            return [r.id for r in rows], events
+            return [r.id for r in rows], _events_as_recorded(picked)
 
         # Its own transaction, never in a group: it must see only what has committed
         # (a follower acts on what it reads).
@@ -1048,9 +1081,9 @@ class SchedulerStore:
                 attempt = Attempt.model_validate_json(row.doc)
                 if end_attempt_on_gone_host(attempt, host_id, now):
                     _write_attempt(s, attempt)
-            self._queue_question_close(s, before, after, now)
+            closes = self._queue_question_close(s, before, after, now)
             stored = _append_event(s, after, "task.state_changed", now, self.host_id)
-            return after, dataclasses.replace(stored, previous=before.state)
+            return after, dataclasses.replace(stored, previous=before.state, closes_questions=closes)
 
         return await self.group.alone(work)
 
