@@ -68,8 +68,9 @@ def make_engine(url: str) -> Engine:
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Any) -> None:
             # Take the write lock up front: a deferred transaction that later
-            # writes can fail with SQLITE_BUSY instead of waiting.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # writes can fail with SQLITE_BUSY instead of waiting. Straight on the
+            # driver: SQLAlchemy's statement path costs more than SQLite's BEGIN.
+            conn.connection.driver_connection.execute("BEGIN IMMEDIATE")
 
         return engine
     if url.startswith("postgresql://"):
