@@ -573,11 +573,14 @@ class SchedulerStore:
             rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
-            before = _task_from_row(rows[0])
-            # Parsed again rather than deep-copied: the same cost, and `before` stays untouched.
-            after = change(_task_from_row(rows[0]))
+            current = _task_from_row(rows[0])
+            # The rules below read only `before`'s own fields (state, version, question), which
+            # a shallow copy keeps whatever `change` does to the task: one parse, not two.
+            before = current.model_copy()
+            after = change(current)
             if after is None:
-                return before, None
+                # Nothing to do: the stored task as it is (``change`` may have touched its copy).
+                return _task_from_row(rows[0]), None
             if after.state != before.state:
                 check_transition(before.state, after.state, legacy_adoption)
                 after.updated_at = max(after.updated_at, at)  # updatedAt moves with every state change
