@@ -325,13 +325,16 @@ def _write_task(session: Tx, task: Task, new: bool = False) -> None:
         notify(session, "queued")  # any replica's dispatcher may take it
 
 
-def _event_doc(task: Task, event_type: str) -> dict[str, object]:
-    doc: dict[str, object] = {"state": task.state.value}
+# The document of an event that records only a state, rendered once per state.
+_STATE_EVENT_DOCS = {state: json.dumps({"state": state.value}) for state in State}
+
+
+def _event_doc(task: Task, event_type: str) -> str:
     if event_type == "task.question" and task.pending_question is not None:
         # The question as asked: by the time a log follower reads the event the
         # task may have moved on (answered, replaced).
-        doc["pendingQuestion"] = task.pending_question.model_dump()
-    return doc
+        return json.dumps({"state": task.state.value, "pendingQuestion": task.pending_question.model_dump()})
+    return _STATE_EVENT_DOCS[task.state]
 
 
 def _append_event(session: Tx, task: Task, event_type: str, at: int, origin: str) -> StoredEvent:
@@ -342,7 +345,7 @@ def _append_event(session: Tx, task: Task, event_type: str, at: int, origin: str
             "type": event_type,
             "at": at,
             "state": task.state.value,
-            "doc": json.dumps(_event_doc(task, event_type)),
+            "doc": _event_doc(task, event_type),
             "origin": origin,
         },
     )
