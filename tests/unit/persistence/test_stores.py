@@ -444,3 +444,40 @@ async def test_an_ending_change_says_whether_it_left_the_question_closer_work(sc
     assert quiet is not None and not quiet.closes_questions
     assert asked is not None and asked.closes_questions and asked.previous == State.RUNNING
     assert await store.due_question_closes(5000) == [("2" * 32, 0)]
+
+
+async def test_a_unit_that_fails_after_writing_rolls_back_alone_in_a_shared_transaction(
+    scheduler_db: Database,
+) -> None:
+    """Units that share one transaction (and one trip to the database thread) each commit
+    whole: one that wrote and then failed leaves nothing, the others all commit."""
+    import asyncio
+
+    from services.scheduler.group_commit import Tx
+    from services.scheduler.store import _write_task
+
+    store = SchedulerStore(scheduler_db)
+    ids = [f"{i:032x}" for i in range(1, 9)]
+    for task_id in ids:
+        await store.create_task(make_task(task_id))
+    before = store.group.transactions
+
+    def retitle(task_id: str, fail: bool) -> Callable[[Tx], str]:
+        def unit(tx: Tx) -> str:
+            task = make_task(task_id)
+            task.title = "renamed"
+            _write_task(tx, task)
+            if fail:
+                raise RuntimeError("refused after writing")
+            return task_id
+
+        return unit
+
+    results = await asyncio.gather(
+        *(store.group.run(retitle(t, fail=i == 3)) for i, t in enumerate(ids)), return_exceptions=True
+    )
+    assert store.group.transactions - before == 1, "one transaction for the whole burst"
+    assert isinstance(results[3], RuntimeError)
+    assert [r for i, r in enumerate(results) if i != 3] == [t for i, t in enumerate(ids) if i != 3]
+    titles = {t: (await store.get_task(t)).title for t in ids}
+    assert titles == {t: ("t" if i == 3 else "renamed") for i, t in enumerate(ids)}
