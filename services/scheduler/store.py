@@ -233,6 +233,15 @@ EVENTS = TaskEventRow.__table__  # type: ignore[attr-defined]
 _SELECT_TASK_SQL = sa.select(TASKS.c.doc).where(TASKS.c.task_id == sa.bindparam("task_id"))
 _SELECT_TASK = Direct(_SELECT_TASK_SQL, returns=["doc"])
 _SELECT_TASK_FOR_UPDATE = Direct(_SELECT_TASK_SQL.with_for_update(), returns=["doc"])
+# An idempotent create's earlier task (AIP-155 request id), through ux_tasks_request.
+_SELECT_BY_REQUEST = Direct(
+    sa.select(TASKS.c.doc).where(
+        TASKS.c.agent_id == sa.bindparam("agent_id"),
+        TASKS.c.session_id == sa.bindparam("session_id"),
+        TASKS.c.request_id == sa.bindparam("request_id"),
+    ),
+    returns=["doc"],
+)
 _UPDATE_TASK = Direct(
     sa.update(TASKS)
     .where(TASKS.c.task_id == sa.bindparam("k_task_id"))
@@ -397,11 +406,8 @@ class SchedulerStore:
             if task.request_id:
                 existing = _rows(
                     s,
-                    sa.select(TASKS.c.doc).where(
-                        TASKS.c.agent_id == task.agent_id,
-                        TASKS.c.session_id == task.session_id,
-                        TASKS.c.request_id == task.request_id,
-                    ),
+                    _SELECT_BY_REQUEST,
+                    {"agent_id": task.agent_id, "session_id": task.session_id, "request_id": task.request_id},
                 )
                 if existing:
                     return _task_from_row(existing[0]), None
