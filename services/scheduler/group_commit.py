@@ -33,10 +33,13 @@ T = TypeVar("T")
 class Tx:
     """One transaction as a unit of work sees it."""
 
-    __slots__ = ("conn", "info")
+    __slots__ = ("conn", "driver", "info")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        # The driver's connection, looked up once: SQLAlchemy's pool proxies cost a few µs a
+        # statement, and a task's life runs a dozen.
+        self.driver: Any = conn.connection.driver_connection
         self.info: dict[str, Any] = {}  # what the transaction's units leave for ``before_commit``
 
     def connection(self) -> Connection:
@@ -55,23 +58,25 @@ class Direct:
         self.stmt = stmt
         self.keys = list(keys)
         self.row: Any = namedtuple("Row", returns) if returns else None  # type: ignore[misc]
-        self._compiled: dict[str, tuple[str, list[str] | None]] = {}
+        self._compiled: dict[str, tuple[str, list[str] | None, dict[str, Any]]] = {}
 
-    def _for(self, conn: Connection) -> tuple[str, list[str] | None]:
+    def _for(self, conn: Connection) -> tuple[str, list[str] | None, dict[str, Any]]:
         found = self._compiled.get(conn.dialect.name)
         if found is None:
             compiled = self.stmt.compile(dialect=conn.dialect, column_keys=self.keys or None)
             positional = getattr(compiled, "positional", False)  # qmark (SQLite) vs named (psycopg)
             order = list(getattr(compiled, "positiontup", None) or []) if positional else None
-            found = self._compiled[conn.dialect.name] = (compiled.string, order)
+            # Values the dialect bound itself (SQLite's LIMIT ? comes with an OFFSET ? of 0).
+            fixed = {k: v for k, v in compiled.params.items() if v is not None}
+            found = self._compiled[conn.dialect.name] = (compiled.string, order, fixed)
         return found
 
     def execute(self, tx: Tx, params: dict[str, Any]) -> Any:
         """The driver's cursor after running the statement with ``params``."""
-        sql, order = self._for(tx.conn)
-        driver = tx.conn.connection.driver_connection
-        assert driver is not None
-        return driver.execute(sql, tuple(params[k] for k in order) if order is not None else params)
+        sql, order, fixed = self._for(tx.conn)
+        if fixed:
+            params = {**fixed, **params}
+        return tx.driver.execute(sql, tuple(params[k] for k in order) if order is not None else params)
 
     def rows(self, tx: Tx, params: dict[str, Any]) -> list[Any]:
         assert self.row is not None
@@ -158,8 +163,7 @@ def _run_units(
             # The caller sees the error; the transaction still rolls back (nothing else is in it).
             raise _Failed(exc) from exc
     else:
-        driver = conn.connection.driver_connection
-        assert driver is not None
+        driver = tx.driver
         outcomes = []
         for unit in units:
             driver.execute("SAVEPOINT unit")

@@ -164,8 +164,9 @@ class Runtime:
         if stored is not None:
             self.hub.publish(stored.type, stored.at, task)
             self.metrics.published(stored.type, stored.at, stored.previous, task, self.clock.now_ms())
+            if stored.closes_questions:
+                self.questions_wake.set()  # its question-close outbox row was committed with it
             if task.terminal and stored.type == "task.state_changed":
-                self.questions_wake.set()  # its question-close outbox row (if any) was committed with it
                 self.never_asked.discard(task.task_id)
         elif event_type is not None:
             self.hub.publish(event_type, self.clock.now_ms(), task)

@@ -179,6 +179,8 @@ class StoredEvent:
     origin: str | None = None
     # The state before the change (None: a new task, or an event read back from the log).
     previous: State | None = None
+    # The change committed a question-close outbox row: the closer has work (``Runtime.published``).
+    closes_questions: bool = False
 
 
 class NotOwner(Exception):
@@ -197,10 +199,26 @@ def notify(session: Tx, payload: str) -> None:
 def _task_as_of_event(row: Any, task: Task) -> Task:
     """The current task with the state (and question) the event recorded."""
     task.state = State(row.state)
-    doc = json.loads(row.doc)
-    if "pendingQuestion" in doc:
-        task.pending_question = PendingQuestion.model_validate(doc["pendingQuestion"])
+    if '"pendingQuestion"' in row.doc:  # only a task.question event's doc holds one
+        doc = json.loads(row.doc)
+        if "pendingQuestion" in doc:
+            task.pending_question = PendingQuestion.model_validate(doc["pendingQuestion"])
     return task
+
+
+def _events_as_recorded(rows: list[Any]) -> list[StoredEvent]:
+    """Events read with their task's current document (``task_doc``), each with its own
+    copy of the task as of the event. A task's document is parsed once per read, however
+    many of its events the read holds (a burst has created, running and completed): each
+    event gets a shallow copy, whose own fields (state, question) are set from the event."""
+    parsed: dict[str, Task] = {}
+    events = []
+    for r in rows:
+        current = parsed.get(r.task_id)
+        if current is None:
+            current = parsed[r.task_id] = Task.model_validate_json(r.task_doc)
+        events.append(StoredEvent(r.id, r.type, r.at, _task_as_of_event(r, current.model_copy()), r.origin))
+    return events
 
 
 def _task_from_row(row: Any) -> Task:
@@ -215,6 +233,15 @@ EVENTS = TaskEventRow.__table__  # type: ignore[attr-defined]
 _SELECT_TASK_SQL = sa.select(TASKS.c.doc).where(TASKS.c.task_id == sa.bindparam("task_id"))
 _SELECT_TASK = Direct(_SELECT_TASK_SQL, returns=["doc"])
 _SELECT_TASK_FOR_UPDATE = Direct(_SELECT_TASK_SQL.with_for_update(), returns=["doc"])
+# An idempotent create's earlier task (AIP-155 request id), through ux_tasks_request.
+_SELECT_BY_REQUEST = Direct(
+    sa.select(TASKS.c.doc).where(
+        TASKS.c.agent_id == sa.bindparam("agent_id"),
+        TASKS.c.session_id == sa.bindparam("session_id"),
+        TASKS.c.request_id == sa.bindparam("request_id"),
+    ),
+    returns=["doc"],
+)
 _UPDATE_TASK = Direct(
     sa.update(TASKS)
     .where(TASKS.c.task_id == sa.bindparam("k_task_id"))
@@ -243,6 +270,34 @@ _INSERT_QUESTION_CLOSE = Direct(sa.insert(QUESTION_CLOSES), keys=["task_id", "at
 _SELECT_ATTEMPTS = Direct(
     sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.task_id == sa.bindparam("task_id")).order_by(ATTEMPTS.c.number),
     returns=["doc"],
+)
+_EVENT_READ_COLUMNS = ["id", "task_id", "type", "at", "state", "doc", "origin", "task_doc"]
+
+
+def _events_with_tasks(after: ColumnElement[bool]) -> Any:
+    """Events matching ``after`` with their task's current document, oldest first: one
+    statement (the task by primary key per event) instead of a second query by task ids."""
+    return (
+        sa.select(
+            EVENTS.c.id,
+            EVENTS.c.task_id,
+            EVENTS.c.type,
+            EVENTS.c.at,
+            EVENTS.c.state,
+            EVENTS.c.doc,
+            EVENTS.c.origin,
+            TASKS.c.doc.label("task_doc"),
+        )
+        .join(TASKS, TASKS.c.task_id == EVENTS.c.task_id)
+        .where(after)
+        .order_by(EVENTS.c.id)
+    )
+
+
+# A follower's read with no gaps to look at again: the common one, compiled once.
+_EVENTS_AFTER = Direct(
+    _events_with_tasks(EVENTS.c.id > sa.bindparam("sequence")).limit(sa.bindparam("limit")),
+    returns=_EVENT_READ_COLUMNS,
 )
 
 
@@ -279,13 +334,16 @@ def _write_task(session: Tx, task: Task, new: bool = False) -> None:
         notify(session, "queued")  # any replica's dispatcher may take it
 
 
-def _event_doc(task: Task, event_type: str) -> dict[str, object]:
-    doc: dict[str, object] = {"state": task.state.value}
+# The document of an event that records only a state, rendered once per state.
+_STATE_EVENT_DOCS = {state: json.dumps({"state": state.value}) for state in State}
+
+
+def _event_doc(task: Task, event_type: str) -> str:
     if event_type == "task.question" and task.pending_question is not None:
         # The question as asked: by the time a log follower reads the event the
         # task may have moved on (answered, replaced).
-        doc["pendingQuestion"] = task.pending_question.model_dump()
-    return doc
+        return json.dumps({"state": task.state.value, "pendingQuestion": task.pending_question.model_dump()})
+    return _STATE_EVENT_DOCS[task.state]
 
 
 def _append_event(session: Tx, task: Task, event_type: str, at: int, origin: str) -> StoredEvent:
@@ -296,7 +354,7 @@ def _append_event(session: Tx, task: Task, event_type: str, at: int, origin: str
             "type": event_type,
             "at": at,
             "state": task.state.value,
-            "doc": json.dumps(_event_doc(task, event_type)),
+            "doc": _event_doc(task, event_type),
             "origin": origin,
         },
     )
@@ -348,11 +406,8 @@ class SchedulerStore:
             if task.request_id:
                 existing = _rows(
                     s,
-                    sa.select(TASKS.c.doc).where(
-                        TASKS.c.agent_id == task.agent_id,
-                        TASKS.c.session_id == task.session_id,
-                        TASKS.c.request_id == task.request_id,
-                    ),
+                    _SELECT_BY_REQUEST,
+                    {"agent_id": task.agent_id, "session_id": task.session_id, "request_id": task.request_id},
                 )
                 if existing:
                     return _task_from_row(existing[0]), None
@@ -527,11 +582,14 @@ class SchedulerStore:
             rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
-            before = _task_from_row(rows[0])
-            # Parsed again rather than deep-copied: the same cost, and `before` stays untouched.
-            after = change(_task_from_row(rows[0]))
+            current = _task_from_row(rows[0])
+            # The rules below read only `before`'s own fields (state, version, question), which
+            # a shallow copy keeps whatever `change` does to the task: one parse, not two.
+            before = current.model_copy()
+            after = change(current)
             if after is None:
-                return before, None
+                # Nothing to do: the stored task as it is (``change`` may have touched its copy).
+                return _task_from_row(rows[0]), None
             if after.state != before.state:
                 check_transition(before.state, after.state, legacy_adoption)
                 after.updated_at = max(after.updated_at, at)  # updatedAt moves with every state change
@@ -540,20 +598,22 @@ class SchedulerStore:
             _write_task(s, after)
             if attempt is not None:
                 _write_attempt(s, attempt)
-            self._queue_question_close(s, before, after, at)
+            closes = self._queue_question_close(s, before, after, at)
             stored = _append_event(s, after, event_type, at, self.host_id) if event_type else None
-            return after, (dataclasses.replace(stored, previous=before.state) if stored else None)
+            return after, (
+                dataclasses.replace(stored, previous=before.state, closes_questions=closes) if stored else None
+            )
 
         return await self._run(work)
 
-    def _queue_question_close(self, s: Tx, before: Task, after: Task, at: int) -> None:
-        """An ending task's question-close outbox row, in the ending transaction (once)."""
-        if (
-            closes_questions(before, after)
-            and self.may_have_asked(before)
-            and not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": after.task_id})
-        ):
+    def _queue_question_close(self, s: Tx, before: Task, after: Task, at: int) -> bool:
+        """An ending task's question-close outbox row, in the ending transaction (once).
+        True when the task has one now (the closer has work)."""
+        if not (closes_questions(before, after) and self.may_have_asked(before)):
+            return False
+        if not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": after.task_id}):
             _INSERT_QUESTION_CLOSE.execute(s, {"task_id": after.task_id, "attempts": 0, "next_at": at})
+        return True
 
     async def legacy_shutdown_failures(self, since: int) -> list[tuple[Task, int]]:
         """Tasks ``failed`` ``GATEWAY_SHUTDOWN`` since ``since`` (ms), each with the event
@@ -628,27 +688,12 @@ class SchedulerStore:
         again = list(recheck)
 
         def work(s: Tx) -> tuple[list[int], list[StoredEvent]]:
-            after: ColumnElement[bool] = EVENTS.c.id > sequence
-            if again:
-                after = after | EVENTS.c.id.in_(again)
-            rows = _rows(s, sa.select(EVENTS).where(after).order_by(EVENTS.c.id).limit(limit))
+            if again:  # a follower's gaps: an IN list of varying length, built per read
+                rows = _rows(s, _events_with_tasks((EVENTS.c.id > sequence) | EVENTS.c.id.in_(again)).limit(limit))
+            else:
+                rows = _EVENTS_AFTER.rows(s, {"sequence": sequence, "limit": limit})
             picked = [r for r in rows if not wanted or r.type in wanted]
-            task_ids = {r.task_id for r in picked}
-            docs = (
-                {
-                    t.task_id: t.doc
-                    for t in _rows(s, sa.select(TASKS.c.task_id, TASKS.c.doc).where(TASKS.c.task_id.in_(task_ids)))
-                }
-                if task_ids
-                else {}
-            )
-            events = [
-                StoredEvent(
-                    r.id, r.type, r.at, _task_as_of_event(r, Task.model_validate_json(docs[r.task_id])), r.origin
-                )
-                for r in picked
-            ]
-            return [r.id for r in rows], events
+            return [r.id for r in rows], _events_as_recorded(picked)
 
         # Its own transaction, never in a group: it must see only what has committed
         # (a follower acts on what it reads).
@@ -1048,9 +1093,9 @@ class SchedulerStore:
                 attempt = Attempt.model_validate_json(row.doc)
                 if end_attempt_on_gone_host(attempt, host_id, now):
                     _write_attempt(s, attempt)
-            self._queue_question_close(s, before, after, now)
+            closes = self._queue_question_close(s, before, after, now)
             stored = _append_event(s, after, "task.state_changed", now, self.host_id)
-            return after, dataclasses.replace(stored, previous=before.state)
+            return after, dataclasses.replace(stored, previous=before.state, closes_questions=closes)
 
         return await self.group.alone(work)
 

@@ -371,3 +371,113 @@ async def test_a_change_after_the_server_dropped_its_connections_still_commits(d
         assert stored is not None and (await store.get_task("t2")).task_id == "t2"
     finally:
         db.close()
+
+
+async def test_the_event_log_gives_each_event_its_own_task_as_recorded(scheduler_db: Database) -> None:
+    """A read that holds several events of one task (a burst: created, asked, running, done)
+    parses the task once, yet every event keeps the state and question it recorded, and the
+    read with gaps to look at again (another statement) returns the same events."""
+    from services.scheduler.domain import PendingQuestion
+
+    store = SchedulerStore(scheduler_db)
+    other, _ = await store.create_task(make_task("2" * 32))
+    await store.create_task(make_task("1" * 32))
+
+    def change(state: State, question: PendingQuestion | None) -> Callable[[Task], Task]:
+        def apply(t: Task) -> Task:
+            t.state, t.pending_question = state, question
+            return t
+
+        return apply
+
+    asked = PendingQuestion(question_id="q1", text="which branch?", revision=1)
+    await store.update_task("1" * 32, change(State.RUNNING, None), "task.state_changed", 2000)
+    await store.update_task("1" * 32, change(State.WAITING_INPUT, asked), "task.question", 3000)
+    await store.update_task("1" * 32, change(State.RUNNING, None), "task.state_changed", 4000)
+    await store.update_task("1" * 32, change(State.COMPLETED, None), "task.state_changed", 5000)
+
+    ids, events = await store.events_after(0, (), 500)
+    assert ids == sorted(ids) and len(ids) == 6
+    mine = [e for e in events if e.task.task_id == "1" * 32]
+    assert [(e.type, e.task.state) for e in mine] == [
+        ("task.state_changed", State.QUEUED),
+        ("task.state_changed", State.RUNNING),
+        ("task.question", State.WAITING_INPUT),
+        ("task.state_changed", State.RUNNING),
+        ("task.state_changed", State.COMPLETED),
+    ]
+    assert mine[2].task.pending_question == asked, "the question as asked, though it is gone now"
+    assert all(e.task.pending_question is None for i, e in enumerate(mine) if i != 2)
+    assert len({id(e.task) for e in mine}) == len(mine), "each event its own task object"
+    assert all(e.task.version == 4 for e in mine), "the task as it is now"
+    assert [e.task.task_id for e in events if e.task.task_id != "1" * 32] == [other.task_id]
+
+    # Only the wanted types; every id read is still returned (gaps are judged from them).
+    ids_q, questions = await store.events_after(0, {"task.question"}, 500)
+    assert ids_q == ids and [e.type for e in questions] == ["task.question"]
+    # After a cursor, with ids to look at again: the other statement, the same events.
+    ids_r, again = await store.events_after(ids[3], (), 500, recheck=[ids[1]])
+    assert ids_r == [ids[1], *ids[4:]]
+    assert [(e.id, e.type, e.task.state, e.task.pending_question) for e in again] == [
+        (e.id, e.type, e.task.state, e.task.pending_question) for e in events if e.id in ids_r
+    ]
+    # A limit cuts the read.
+    ids_l, _ = await store.events_after(0, (), 2)
+    assert ids_l == ids[:2]
+
+
+async def test_an_ending_change_says_whether_it_left_the_question_closer_work(scheduler_db: Database) -> None:
+    """The closer is woken (``Runtime.published``) only by a change that committed a
+    question-close row: a task known never to have asked ends without one."""
+    store = SchedulerStore(scheduler_db)
+    silent = {"1" * 32}
+    store.may_have_asked = lambda task: task.task_id not in silent
+    for task_id in ("1" * 32, "2" * 32):
+        await store.create_task(make_task(task_id, state=State.RUNNING))
+
+    def done(t: Task) -> Task:
+        t.state = State.COMPLETED
+        return t
+
+    _, quiet = await store.update_task("1" * 32, done, "task.state_changed", 5000)
+    _, asked = await store.update_task("2" * 32, done, "task.state_changed", 5000)
+    assert quiet is not None and not quiet.closes_questions
+    assert asked is not None and asked.closes_questions and asked.previous == State.RUNNING
+    assert await store.due_question_closes(5000) == [("2" * 32, 0)]
+
+
+async def test_a_unit_that_fails_after_writing_rolls_back_alone_in_a_shared_transaction(
+    scheduler_db: Database,
+) -> None:
+    """Units that share one transaction (and one trip to the database thread) each commit
+    whole: one that wrote and then failed leaves nothing, the others all commit."""
+    import asyncio
+
+    from services.scheduler.group_commit import Tx
+    from services.scheduler.store import _write_task
+
+    store = SchedulerStore(scheduler_db)
+    ids = [f"{i:032x}" for i in range(1, 9)]
+    for task_id in ids:
+        await store.create_task(make_task(task_id))
+    before = store.group.transactions
+
+    def retitle(task_id: str, fail: bool) -> Callable[[Tx], str]:
+        def unit(tx: Tx) -> str:
+            task = make_task(task_id)
+            task.title = "renamed"
+            _write_task(tx, task)
+            if fail:
+                raise RuntimeError("refused after writing")
+            return task_id
+
+        return unit
+
+    results = await asyncio.gather(
+        *(store.group.run(retitle(t, fail=i == 3)) for i, t in enumerate(ids)), return_exceptions=True
+    )
+    assert store.group.transactions - before == 1, "one transaction for the whole burst"
+    assert isinstance(results[3], RuntimeError)
+    assert [r for i, r in enumerate(results) if i != 3] == [t for i, t in enumerate(ids) if i != 3]
+    titles = {t: (await store.get_task(t)).title for t in ids}
+    assert titles == {t: ("t" if i == 3 else "renamed") for i, t in enumerate(ids)}

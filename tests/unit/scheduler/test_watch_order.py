@@ -27,7 +27,7 @@ async def test_watchers_see_each_task_s_versions_only_rise_under_concurrent_chan
     tmp_path: Path, postgres_url: str
 ) -> None:
     db = Database(fresh_database(postgres_url, "watch_order"), MIGRATIONS)
-    assert db._executor._max_workers == 4, "PostgreSQL gets four database threads"
+    assert db.threads.workers == 4, "PostgreSQL gets four database threads"
     h = await start_harness(tmp_path, db=db)
     rt = h.engine.runtime
     channel = grpc.aio.insecure_channel(h.engine.settings.scheduler_addr)
