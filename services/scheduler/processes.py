@@ -228,11 +228,13 @@ async def launch(
     *,
     run_as: RunAs | None = None,
     cgroup: Path | None = None,
+    on_spawn: Callable[[int], None] | None = None,
 ) -> Launched:
     """Spawn the worker held before exec, in ``cgroup`` when given; ``release()`` runs it.
 
     The blocking steps (log file, fork/exec, moving into the cgroup, reading the kernel
     start time) run in one hop to a thread: off the event loop, and one hop, not four.
+    ``on_spawn(pid)`` is called from that thread as soon as the fork returns.
     """
     argv = resolve_command(command)
     go_r, go_w = os.pipe()
@@ -243,7 +245,7 @@ async def launch(
         held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
     try:
         process, start_time = await asyncio.to_thread(
-            _spawn_held, held, argv[0], cwd, env, log_path, token, go_r, run_as, cgroup
+            _spawn_held, held, argv[0], cwd, env, log_path, token, go_r, run_as, cgroup, on_spawn
         )
     except _SpawnedButUnplaced as exc:
         os.close(go_w)  # the held trampoline exits without exec'ing anything
@@ -289,6 +291,7 @@ def _spawn_held(
     go_r: int,
     run_as: RunAs | None,
     cgroup: Path | None,
+    on_spawn: Callable[[int], None] | None = None,
 ) -> tuple[WorkerProcess, int | None]:
     """(Blocking.) The held trampoline, in its cgroup, with its kernel start time (None: it died)."""
     log_file = _prepare(cwd, log_path, argv0, env.get("PATH"), run_as)
@@ -316,6 +319,8 @@ def _spawn_held(
             )
     finally:
         os.close(tok_r)
+    if on_spawn is not None:
+        on_spawn(popen.pid)
     process = WorkerProcess(popen)
     if cgroup is not None:
         try:
@@ -400,9 +405,12 @@ def record_descendants(attempt: Attempt, table: dict[int, proctree.ProcStat]) ->
     Descendants of recorded descendants count too, so a daemon that a recorded
     process (or an orphan attributed to the attempt) forks is recorded as well.
     """
+    roots = _roots(attempt, table)
+    if not roots:  # an exited worker with nothing recorded: no pass over the whole table
+        return False
     children = proctree.children_map(table)
     found: list[proctree.ProcStat] = []
-    for root in _roots(attempt, table):
+    for root in roots:
         found.extend(proctree.live_descendants(table, root, children))
     return _record(attempt, found)
 
