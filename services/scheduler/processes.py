@@ -35,7 +35,7 @@ import structlog
 
 from libs import proctree
 from libs.settings import WorkerProfile
-from services.scheduler import cgroups
+from services.scheduler import cgroups, worker_log
 from services.scheduler.domain import Attempt, ProcessIdentity
 
 log = structlog.get_logger("scheduler")
@@ -214,9 +214,7 @@ def _prepare(cwd: Path, log_path: Path, argv0: str, path_env: str | None, run_as
         cwd.mkdir(parents=True, exist_ok=True)
         if run_as is not None:
             os.chown(cwd, run_as.uid, run_as.gid)  # a fresh workspace belongs to the worker's user
-    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    return os.fdopen(fd, "ab")
+    return os.fdopen(worker_log.open_for_worker(log_path), "ab")
 
 
 async def launch(
