@@ -206,9 +206,28 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return argv
 
 
+# (command, PATH) -> where ``shutil.which`` found it: a profile's command is looked up on
+# every launch, and a walk along PATH is a few stats per folder.
+_found: dict[tuple[str, str | None], str] = {}
+
+
+def _executable(argv0: str, path_env: str | None) -> bool:
+    """Whether the command can be found (a cached find is checked again with one syscall)."""
+    key = (argv0, path_env)
+    known = _found.get(key)
+    if known is not None and os.access(known, os.X_OK):
+        return True
+    found = shutil.which(argv0, path=path_env)
+    if found is None:
+        _found.pop(key, None)
+        return False
+    _found[key] = found
+    return True
+
+
 def _prepare(cwd: Path, log_path: Path, argv0: str, path_env: str | None, run_as: RunAs | None) -> BinaryIO:
     # The shell would only say "not found" after the release; fail the launch now instead.
-    if shutil.which(argv0, path=path_env) is None:
+    if not _executable(argv0, path_env):
         raise FileNotFoundError(2, "no such executable", argv0)
     if not cwd.exists():
         cwd.mkdir(parents=True, exist_ok=True)
