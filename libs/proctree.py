@@ -63,9 +63,12 @@ def start_time_of(pid: int) -> int | None:
     return stat.start_time if stat and stat.alive else None
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
 def boot_ticks() -> int:
     """Now, in the unit of kernel start times (clock ticks since boot)."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _CLK_TCK)
 
 
 def identity_matches(pid: int, start_time: int) -> bool:
