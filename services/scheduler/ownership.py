@@ -135,6 +135,11 @@ class Ownership:
         """Live worker leaders, with those spawned whose launch has not recorded them yet."""
         with self._lock:
             spawned = set(self._spawned.values())
+        for _ in range(100):
+            try:
+                return self._leaders() | spawned
+            except RuntimeError:  # (called from a thread) the loop changed the live attempts meanwhile
+                continue
         return self._leaders() | spawned
 
     def orphan_check(self, table: dict[int, proctree.ProcStat]) -> list[proctree.ProcStat]:

@@ -294,3 +294,18 @@ async def test_an_exit_during_another_launchs_fork_window_is_proven_at_the_next_
             child.kill()
             child.wait()
         await h.close()
+
+
+def test_the_live_leaders_read_from_the_scans_thread_survives_the_loop_changing_them() -> None:
+    """The leaders come from the loop's live attempts, read from a thread: a change meanwhile
+    ("dictionary changed size during iteration") is read again, never a failed exit proof."""
+    calls: list[int] = []
+
+    def leaders() -> set[int]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        return {12345}
+
+    own = Ownership(proctree.process_table, leaders, reap_unknown=False)
+    assert own._leader_pids() == {12345} and len(calls) == 2
