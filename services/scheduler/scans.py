@@ -14,6 +14,7 @@ per exit.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -34,8 +35,10 @@ class _Round:
 
 def _read_and_look(
     reader: Callable[[], Table], looks: list[tuple[Callable[[Table], Any], asyncio.Future[Any]]]
-) -> tuple[Table, list[tuple[bool, Any]]]:
-    """(Blocking.) The read, then each look at it; a failed look is that caller's alone."""
+) -> tuple[float, Table, list[tuple[bool, Any]]]:
+    """(Blocking.) The read, then each look at it; a failed look is that caller's alone.
+    Also returns when the read began (the loop's clock), here rather than before the hop."""
+    began = time.monotonic()
     table = reader()
     outcomes: list[tuple[bool, Any]] = []
     for look, _ in looks:
@@ -43,7 +46,7 @@ def _read_and_look(
             outcomes.append((True, look(table)))
         except Exception as exc:
             outcomes.append((False, exc))
-    return table, outcomes
+    return began, table, outcomes
 
 
 class SharedScan:
@@ -87,13 +90,16 @@ class SharedScan:
             self._last_start = loop.time()
             self.hops += 1
             try:
-                table, outcomes = await asyncio.to_thread(_read_and_look, self._reader, current.looks)
+                began, table, outcomes = await asyncio.to_thread(_read_and_look, self._reader, current.looks)
             except Exception as exc:  # every waiter sees the failure
                 for future in (current.table, *(f for _, f in current.looks)):
                     if not future.done():
                         future.set_exception(exc)
                         future.exception()  # a waiter that left meanwhile: not "never retrieved"
                 continue
+            # The interval counts from the read's own start: a slow hop to the thread (a new
+            # thread, a busy host) must not bring the next read closer than the interval.
+            self._last_start = began
             self.reads += 1
             if not current.table.done():
                 current.table.set_result(table)
