@@ -22,6 +22,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_edge import report, timed  # noqa: E402
+from services.scheduler.worker_log import attempt_log_path  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 
@@ -88,7 +89,7 @@ def main() -> None:
                     browser.close()
 
                     # A finished task whose log holds 1 MiB: the tail reads only its last 64 KiB.
-                    log = Path(tmp) / "logs" / task_id / "attempt-1.log"
+                    log = attempt_log_path(Path(tmp), task_id, 1)
                     deadline = time.monotonic() + 20
                     while not log.exists() and time.monotonic() < deadline:
                         time.sleep(0.05)

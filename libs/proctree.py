@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from typing import NamedTuple
 
 DEAD_STATES = frozenset({"Z", "X", "x"})
 
 
-@dataclass(frozen=True)
-class ProcStat:
+class ProcStat(NamedTuple):
+    # A tuple, not a dataclass: a scan builds one per process, and a frozen dataclass's
+    # __init__ cost as much as parsing the line.
     pid: int
     ppid: int
     pgid: int
@@ -29,22 +30,32 @@ class ProcStat:
         return self.state not in DEAD_STATES
 
 
-def read_stat(pid: int) -> ProcStat | None:
+_STAT_FLAGS = os.O_RDONLY | os.O_CLOEXEC
+
+
+def _parse(pid: int, data: bytes) -> ProcStat:
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    rest = data[data.rindex(b")") + 2 :].split(None, 20)
+    return ProcStat(pid, int(rest[1]), int(rest[2]), int(rest[3]), rest[0].decode(), int(rest[19]))
+
+
+def _read(path: str) -> bytes | None:
+    """One ``stat`` line: open, one read, close (no buffered file object around three syscalls)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("utf-8", "replace")
+        fd = os.open(path, _STAT_FLAGS)
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = data[data.rindex(")") + 2 :].split()
-    return ProcStat(
-        pid=pid,
-        state=rest[0],
-        ppid=int(rest[1]),
-        pgid=int(rest[2]),
-        sid=int(rest[3]),
-        start_time=int(rest[19]),
-    )
+    try:
+        return os.read(fd, 4096)  # the line is far shorter: one read gets it whole
+    except ProcessLookupError:  # the process was reaped between the open and the read
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    data = _read(f"/proc/{pid}/stat")
+    return _parse(pid, data) if data else None
 
 
 def start_time_of(pid: int) -> int | None:
@@ -52,9 +63,12 @@ def start_time_of(pid: int) -> int | None:
     return stat.start_time if stat and stat.alive else None
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
 def boot_ticks() -> int:
     """Now, in the unit of kernel start times (clock ticks since boot)."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _CLK_TCK)
 
 
 def identity_matches(pid: int, start_time: int) -> bool:
@@ -66,9 +80,10 @@ def process_table() -> dict[int, ProcStat]:
     table: dict[int, ProcStat] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            stat = read_stat(int(name))
-            if stat is not None:
-                table[stat.pid] = stat
+            data = _read(f"/proc/{name}/stat")
+            if data:
+                pid = int(name)
+                table[pid] = _parse(pid, data)
     return table
 
 

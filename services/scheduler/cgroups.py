@@ -129,7 +129,11 @@ class Cgroups:
 
 def add(path: Path, pid: int) -> None:
     """Move ``pid`` into the cgroup (the launcher holds it there before it execs anything)."""
-    (path / "cgroup.procs").write_text(f"{pid}\n")
+    fd = os.open(f"{path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"%d\n" % pid)
+    finally:
+        os.close(fd)
 
 
 def _walk(path: Path) -> list[Path]:
@@ -165,13 +169,16 @@ def members(path: Path) -> list[int]:
 def _events_say_empty(path: Path) -> bool:
     """v2: ``populated 0`` covers the cgroup and all below it, in one read."""
     try:
-        with open(path / "cgroup.events") as f:
-            for line in f:
-                if line.startswith("populated "):
-                    return line[10:].strip() == "0"
+        fd = os.open(f"{path}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        pass
-    return False
+        return False
+    try:
+        events = os.read(fd, 4096)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return b"populated 0\n" in events
 
 
 def populated(path: Path) -> bool:
@@ -233,6 +240,13 @@ def kill(path: Path, has_kill: bool) -> None:
 
 def remove(path: Path) -> bool:
     """Remove an empty cgroup (and empty ones below it); True when it is gone."""
+    try:
+        os.rmdir(path)  # the usual case: no cgroup below it, and the last exit accounted
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
     for cg in _walk(path):
         for _ in range(50):  # rmdir can briefly say EBUSY while the last exit is accounted
             try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +41,13 @@ class Ownership:
         self.owned: dict[str, Attempt] = {}
         self._reapable: set[tuple[int, int]] = set()
         self._forking: dict[str, int] = {}  # attempt id -> boot tick just before its fork
+        # Attempt id -> pid of a spawn whose launch has not recorded it yet: said by the spawning
+        # thread the moment the fork returns, so the window where a new child is neither a known
+        # leader nor anyone's orphan is the fork itself, not the whole launch.
+        self._spawned: dict[str, int] = {}
+        self._lock = threading.Lock()  # the two above are read from the scan's thread
+        # The last table whose orphans were checked, and what was found (many exits share a read).
+        self._checked: tuple[dict[int, proctree.ProcStat], list[proctree.ProcStat]] | None = None
 
     def start(self, mode: str, data_dir: Path) -> None:
         """Detect and say which proof mode is in force (cgroup + subreaper, or subreaper only)."""
@@ -91,40 +99,73 @@ class Ownership:
         """The attempt is about to fork: own it, and create its cgroup (unless the spawn does:
         ``processes.launch`` creates the one it is given, in the same hop to a thread)."""
         self.owned[attempt.attempt_id] = attempt
-        self._forking[attempt.attempt_id] = proctree.boot_ticks() - 1
+        with self._lock:
+            self._forking[attempt.attempt_id] = proctree.boot_ticks() - 1
         if self.cgroups is not None and create_cgroup:
             await asyncio.to_thread(self.cgroups.create, attempt.attempt_id)
 
+    def spawned(self, attempt_id: str, pid: int) -> None:
+        """(Any thread.) The launch's fork returned ``pid``: a leader from now on, never an orphan."""
+        with self._lock:
+            if attempt_id in self._forking:  # else the launch is over already
+                self._spawned[attempt_id] = pid
+                del self._forking[attempt_id]
+
     def forked(self, attempt: Attempt) -> None:
         """The fork is over (its pid known, or it failed)."""
-        self._forking.pop(attempt.attempt_id, None)
+        with self._lock:
+            self._forking.pop(attempt.attempt_id, None)
+            self._spawned.pop(attempt.attempt_id, None)
 
     def drop(self, attempt: Attempt) -> None:
         """The attempt's tree is proven gone; its zombies (re-parented orphans) may still be reaped."""
-        self._forking.pop(attempt.attempt_id, None)
+        self.forked(attempt)
         if self.owned.pop(attempt.attempt_id, None) is not None:
             self._reapable.update((d.pid, d.start_time) for d in attempt.descendants)
 
     def _forking_floor(self) -> int | None:
         """The earliest boot tick a launch whose pid is not known yet, or a helper command the
         scheduler awaits itself (``helper_children``), may have forked at."""
-        floors = [f for f in (min(self._forking.values(), default=None), helper_children.floor()) if f is not None]
+        with self._lock:
+            own = min(self._forking.values(), default=None)
+        floors = [f for f in (own, helper_children.floor()) if f is not None]
         return min(floors, default=None)
 
+    def _leader_pids(self) -> set[int]:
+        """Live worker leaders, with those spawned whose launch has not recorded them yet."""
+        with self._lock:
+            spawned = set(self._spawned.values())
+        for _ in range(100):
+            try:
+                return self._leaders() | spawned
+            except RuntimeError:  # (called from a thread) the loop changed the live attempts meanwhile
+                continue
+        return self._leaders() | spawned
+
     def orphan_check(self, table: dict[int, proctree.ProcStat]) -> list[proctree.ProcStat]:
-        """Attribute orphans re-parented to the scheduler; those fitting several attempts are returned."""
-        found = subreaper.orphans(table, self._leaders())
+        """Attribute orphans re-parented to the scheduler; those fitting several attempts are returned.
+
+        Once per table: the exits that share a read (``scans.SharedScan.then``) ask again for
+        the same table, and a second pass would find what the first one did (or, with a
+        launch's fork over meanwhile, less: the first answer is the cautious one).
+        """
+        checked = self._checked
+        if checked is not None and checked[0] is table:
+            return list(checked[1])
+        found = subreaper.orphans(table, self._leader_pids())
         # A child forked by a launch whose pid is not known yet is a leader, not an orphan:
         # what started since the earliest such fork is neither recorded nor signalled now.
         floor = self._forking_floor()
         pending = [o for o in found if floor is not None and o.start_time >= floor]
         found = [o for o in found if o not in pending]
-        return processes.attribute_orphans(table, list(self.owned.values()), found) + pending
+        result = processes.attribute_orphans(table, list(self.owned.values()), found) + pending
+        self._checked = (table, result)
+        return list(result)
 
     def reap(self, table: dict[int, proctree.ProcStat]) -> None:
         known = {(d.pid, d.start_time) for a in self.owned.values() for d in a.descendants} | self._reapable
         if self._reap_unknown:
-            leaders = self._leaders()
+            leaders = self._leader_pids()
             # A leader still in its fork -> forked() window is not in `leaders` yet: its exit
             # status belongs to its WorkerProcess (whose pidfd it may not have yet), and reaping
             # it would free its pid for reuse while the launch still reads its identity.

@@ -35,7 +35,7 @@ import structlog
 
 from libs import proctree
 from libs.settings import WorkerProfile
-from services.scheduler import cgroups
+from services.scheduler import cgroups, worker_log
 from services.scheduler.domain import Attempt, ProcessIdentity
 
 log = structlog.get_logger("scheduler")
@@ -206,17 +206,34 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return argv
 
 
+# (command, PATH) -> where ``shutil.which`` found it: a profile's command is looked up on
+# every launch, and a walk along PATH is a few stats per folder.
+_found: dict[tuple[str, str | None], str] = {}
+
+
+def _executable(argv0: str, path_env: str | None) -> bool:
+    """Whether the command can be found (a cached find is checked again with one syscall)."""
+    key = (argv0, path_env)
+    known = _found.get(key)
+    if known is not None and os.access(known, os.X_OK):
+        return True
+    found = shutil.which(argv0, path=path_env)
+    if found is None:
+        _found.pop(key, None)
+        return False
+    _found[key] = found
+    return True
+
+
 def _prepare(cwd: Path, log_path: Path, argv0: str, path_env: str | None, run_as: RunAs | None) -> BinaryIO:
     # The shell would only say "not found" after the release; fail the launch now instead.
-    if shutil.which(argv0, path=path_env) is None:
+    if not _executable(argv0, path_env):
         raise FileNotFoundError(2, "no such executable", argv0)
     if not cwd.exists():
         cwd.mkdir(parents=True, exist_ok=True)
         if run_as is not None:
             os.chown(cwd, run_as.uid, run_as.gid)  # a fresh workspace belongs to the worker's user
-    log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    return os.fdopen(fd, "ab")
+    return os.fdopen(worker_log.open_for_worker(log_path), "ab")
 
 
 async def launch(
@@ -228,11 +245,13 @@ async def launch(
     *,
     run_as: RunAs | None = None,
     cgroup: Path | None = None,
+    on_spawn: Callable[[int], None] | None = None,
 ) -> Launched:
     """Spawn the worker held before exec, in ``cgroup`` when given; ``release()`` runs it.
 
     The blocking steps (log file, fork/exec, moving into the cgroup, reading the kernel
     start time) run in one hop to a thread: off the event loop, and one hop, not four.
+    ``on_spawn(pid)`` is called from that thread as soon as the fork returns.
     """
     argv = resolve_command(command)
     go_r, go_w = os.pipe()
@@ -243,7 +262,7 @@ async def launch(
         held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
     try:
         process, start_time = await asyncio.to_thread(
-            _spawn_held, held, argv[0], cwd, env, log_path, token, go_r, run_as, cgroup
+            _spawn_held, held, argv[0], cwd, env, log_path, token, go_r, run_as, cgroup, on_spawn
         )
     except _SpawnedButUnplaced as exc:
         os.close(go_w)  # the held trampoline exits without exec'ing anything
@@ -289,6 +308,7 @@ def _spawn_held(
     go_r: int,
     run_as: RunAs | None,
     cgroup: Path | None,
+    on_spawn: Callable[[int], None] | None = None,
 ) -> tuple[WorkerProcess, int | None]:
     """(Blocking.) The held trampoline, in its cgroup, with its kernel start time (None: it died)."""
     log_file = _prepare(cwd, log_path, argv0, env.get("PATH"), run_as)
@@ -316,6 +336,8 @@ def _spawn_held(
             )
     finally:
         os.close(tok_r)
+    if on_spawn is not None:
+        on_spawn(popen.pid)
     process = WorkerProcess(popen)
     if cgroup is not None:
         try:
@@ -400,9 +422,12 @@ def record_descendants(attempt: Attempt, table: dict[int, proctree.ProcStat]) ->
     Descendants of recorded descendants count too, so a daemon that a recorded
     process (or an orphan attributed to the attempt) forks is recorded as well.
     """
+    roots = _roots(attempt, table)
+    if not roots:  # an exited worker with nothing recorded: no pass over the whole table
+        return False
     children = proctree.children_map(table)
     found: list[proctree.ProcStat] = []
-    for root in _roots(attempt, table):
+    for root in roots:
         found.extend(proctree.live_descendants(table, root, children))
     return _record(attempt, found)
 

@@ -5,16 +5,48 @@ together, each exit needs a table read *after* it happened (to prove nothing of
 the attempt remains); the supervisor tick needs one too. A caller here gets a
 table whose read began after its call, and all callers waiting meanwhile share
 that one read.
+
+An exit's proof (``look``) runs in the read's own hop to a thread, right after
+the read (``then``): one hop per read for all the exits it serves, not one more
+per exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from libs import proctree
 
 Table = dict[int, proctree.ProcStat]
+T = TypeVar("T")
+
+
+@dataclass
+class _Round:
+    """The callers of one read: who wants the table, and who wants a look at it."""
+
+    table: asyncio.Future[Table]
+    looks: list[tuple[Callable[[Table], Any], asyncio.Future[Any]]] = field(default_factory=list)
+
+
+def _read_and_look(
+    reader: Callable[[], Table], looks: list[tuple[Callable[[Table], Any], asyncio.Future[Any]]]
+) -> tuple[float, Table, list[tuple[bool, Any]]]:
+    """(Blocking.) The read, then each look at it; a failed look is that caller's alone.
+    Also returns when the read began (the loop's clock), here rather than before the hop."""
+    began = time.monotonic()
+    table = reader()
+    outcomes: list[tuple[bool, Any]] = []
+    for look, _ in looks:
+        try:
+            outcomes.append((True, look(table)))
+        except Exception as exc:
+            outcomes.append((False, exc))
+    return began, table, outcomes
 
 
 class SharedScan:
@@ -25,18 +57,27 @@ class SharedScan:
         # most this long more for its proof.
         self.min_interval_s = min_interval_s
         self._last_start = float("-inf")
-        self._next: asyncio.Future[Table] | None = None  # the read not begun yet
+        self._next: _Round | None = None  # the read not begun yet
         self._runner: asyncio.Task[None] | None = None
         self.reads = 0  # how many reads were made (for tests and benchmarks)
+        self.hops = 0  # how many hops to a thread they took (one per read, looks included)
+
+    def _round(self) -> _Round:
+        if self._next is None:
+            self._next = _Round(asyncio.get_running_loop().create_future())
+        if self._runner is None or self._runner.done():
+            self._runner = asyncio.create_task(self._run(), name="process-table-scan")
+        return self._next
 
     async def fresh(self) -> Table:
         """A process table read after this call began (shared with concurrent callers)."""
-        if self._next is None:
-            self._next = asyncio.get_running_loop().create_future()
-        waiting = self._next
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run(), name="process-table-scan")
-        return await asyncio.shield(waiting)
+        return await asyncio.shield(self._round().table)
+
+    async def then(self, look: Callable[[Table], T]) -> T:
+        """``look(table)`` (blocking) in the read's own thread, on a table read after this call began."""
+        result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._round().looks.append((look, result))
+        return await result
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -45,14 +86,27 @@ class SharedScan:
             if wait > 0:
                 await asyncio.sleep(wait)  # callers arriving meanwhile share this read
             # Callers arriving from here on wait for the next read: this one may be too early for them.
-            future, self._next = self._next, None
+            current, self._next = self._next, None
             self._last_start = loop.time()
+            self.hops += 1
             try:
-                table = await asyncio.to_thread(self._reader)
+                began, table, outcomes = await asyncio.to_thread(_read_and_look, self._reader, current.looks)
             except Exception as exc:  # every waiter sees the failure
-                if not future.done():
-                    future.set_exception(exc)
+                for future in (current.table, *(f for _, f in current.looks)):
+                    if not future.done():
+                        future.set_exception(exc)
+                        future.exception()  # a waiter that left meanwhile: not "never retrieved"
                 continue
+            # The interval counts from the read's own start: a slow hop to the thread (a new
+            # thread, a busy host) must not bring the next read closer than the interval.
+            self._last_start = began
             self.reads += 1
-            if not future.done():
-                future.set_result(table)
+            if not current.table.done():
+                current.table.set_result(table)
+            for (_, future), (ok, value) in zip(current.looks, outcomes, strict=True):
+                if future.done():  # its caller was cancelled
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from libs import proctree
 from libs.settings import WorkerProfile
 from services.scheduler import containers, domain, processes
 from services.scheduler.domain import Attempt, Cancellation, PendingOutcome, State, Task
@@ -20,6 +21,14 @@ from services.scheduler.runtime import LiveAttempt, Runtime
 from services.scheduler.settling import Settler
 
 log = structlog.get_logger("scheduler")
+
+# How many more shared reads an exit looks at while all that is left are orphans that fit
+# several attempts (a launch's fork in flight lasts far less than one read interval).
+UNATTRIBUTED_LOOKS = 5
+
+
+def _only_unattributed(status: processes.TreeStatus) -> bool:
+    return bool(status.unattributed) and not (status.group or status.escaped or status.in_cgroup)
 
 
 class Stopper:
@@ -67,20 +76,31 @@ class Stopper:
     async def reap_leftovers(self, live: LiveAttempt) -> None:
         """Processes a worker leaves behind (group, cgroup, recorded daemons) end with it."""
         ownership = self.rt.ownership
-        # A table read after the exit, shared with other exits and the supervisor tick.
-        container = await self.stop_container(live.attempt)  # the client's exit is not the container's
-        table = await self.rt.scans.fresh()
-        # One hop to a thread: the look, and the empty cgroup's removal when nothing is left.
-        status = await asyncio.to_thread(
-            processes.look, live.attempt, ownership.stop_context(), table, remove_empty_cgroup=not container
-        )
+        attempt = live.attempt
+        container = await self.stop_container(attempt)  # the client's exit is not the container's
+        ctx = ownership.stop_context()
+
+        def look(table: dict[int, proctree.ProcStat]) -> processes.TreeStatus:
+            # The empty cgroup is removed in the same hop when nothing is left.
+            return processes.look(attempt, ctx, table, remove_empty_cgroup=not container)
+
+        # On a table read after the exit, in that read's own hop to a thread (shared with the
+        # other exits of the interval and the supervisor tick).
+        status = await self.rt.scans.then(look)
+        for _ in range(UNATTRIBUTED_LOOKS):
+            # Only orphans that fit several attempts: most often the child of a launch whose
+            # pid was not known at the read. They are never signalled, so a stop could only
+            # wait for them; the next shared reads say the same for much less.
+            if container or not _only_unattributed(status):
+                break
+            status = await self.rt.scans.then(look)
         status.container = container
         if status.gone:
-            ownership.drop(live.attempt)
+            ownership.drop(attempt)
             return
-        task_id = live.attempt.task_id
+        task_id = attempt.task_id
         log.info("reaping_leftover_processes", task_id=task_id, detail=status.describe())
-        status = await self.stop_tree(live.attempt)
+        status = await self.stop_tree(attempt)
         if not status.gone:
             log.warning("leftover_processes_survive", task_id=task_id, detail=status.describe())
 

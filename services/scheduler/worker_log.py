@@ -1,9 +1,14 @@
 """Worker logs: where the scheduler writes an attempt's stdout and stderr, and a bounded tail of it.
 
-Each attempt's output goes to ``<data dir>/logs/<task id>/attempt-<n>.log`` (see
-``launch``). Readers get at most ``MAX_TAIL_BYTES`` from its end, read without
-following a symlink: a worker running as the scheduler's uid can write into that
-folder, and must not turn its log into a window on another file (a caller secret).
+Each attempt's output goes to ``<data dir>/logs/workers/<task id>.attempt-<n>.log``
+(see ``launch``): one file per attempt in one folder, not a folder per task — a
+folder per task cost an inode allocation (a mkdir) per launch, as much as the
+file itself. The scheduler creates a log without following a symlink (a worker
+cannot aim its next attempt's output at another file), 0600 in a 0700 folder.
+Logs of older versions (``logs/<task id>/attempt-<n>.log``) are still read.
+Readers get at most ``MAX_TAIL_BYTES`` from its end, read without following a
+symlink: a worker running as the scheduler's uid can write into that folder,
+and must not turn its log into a window on another file (a caller secret).
 """
 
 from __future__ import annotations
@@ -23,7 +28,26 @@ DEFAULT_TAIL_BYTES = 16384
 
 
 def attempt_log_path(data_dir: Path, task_id: str, number: int) -> Path:
+    return resolved_dir(data_dir) / "logs" / "workers" / f"{task_id}.attempt-{number}.log"
+
+
+def legacy_attempt_log_path(data_dir: Path, task_id: str, number: int) -> Path:
+    """Where versions before the one folder wrote an attempt's log."""
     return resolved_dir(data_dir) / "logs" / task_id / f"attempt-{number}.log"
+
+
+def open_for_worker(path: Path) -> int:
+    """(Blocking.) The attempt's log, opened for the worker's output (0600; the folder 0700 if new).
+
+    Never through a symlink; the folder is made only when the open finds it missing, so a
+    launch costs one open, not a mkdir too.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return os.open(path, flags, 0o600)
 
 
 @dataclass(frozen=True)
@@ -52,19 +76,25 @@ def read_tail(data_dir: Path, task_id: str, number: int, tail_bytes: int) -> Log
     """The last ``tail_bytes`` of an attempt's log (blocking: call it from a thread).
     A log that does not exist (yet, or any more) reads as empty; a log that is not a
     regular file, or reached through a symlink, is refused."""
-    empty = LogTail(number, b"", 0)
-    path = attempt_log_path(data_dir, task_id, number)
+    tail = _read_tail(attempt_log_path(data_dir, task_id, number), number, tail_bytes)
+    if tail is None:
+        tail = _read_tail(legacy_attempt_log_path(data_dir, task_id, number), number, tail_bytes)
+    return tail or LogTail(number, b"", 0)
+
+
+def _read_tail(path: Path, number: int, tail_bytes: int) -> LogTail | None:
+    """None: no log there."""
     nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         dir_fd = os.open(path.parent, nofollow | os.O_DIRECTORY)
     except FileNotFoundError:
-        return empty
+        return None
     except OSError as exc:
         raise _not_a_log(exc) from exc
     try:
         fd = os.open(path.name, nofollow | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
-        return empty
+        return None
     except OSError as exc:
         raise _not_a_log(exc) from exc
     finally:

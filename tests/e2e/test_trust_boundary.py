@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from services.scheduler.worker_log import attempt_log_path
 from tests.e2e.conftest import Api
 from tests.support.procs import as_nobody_command
 from tests.support.stack import HOSTILE, Stack
@@ -24,7 +25,7 @@ REFUSED = {"UNAUTHENTICATED", "PERMISSION_DENIED", "UNAVAILABLE", "UNIMPLEMENTED
 
 
 def attack_report(api: Api, task_id: str, timeout_s: float = 60) -> dict[str, object]:
-    log = api.stack.data_dir / "logs" / task_id / "attempt-1.log"
+    log = attempt_log_path(api.stack.data_dir, task_id, 1)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if log.exists():

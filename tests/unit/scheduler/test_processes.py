@@ -271,3 +271,16 @@ async def test_a_launch_failing_after_the_spawn_still_reaps_its_held_worker(
     while proctree.read_stat(pid) is not None:  # the abandoned trampoline exits and is reaped, not left a zombie
         assert time.monotonic() < deadline, "the held worker of a failed launch was never reaped"
         await asyncio.sleep(0.02)
+
+
+def test_a_command_found_once_is_checked_again_and_a_removed_one_fails_the_launch(tmp_path: Path) -> None:
+    tool = tmp_path / "bin" / "mytool"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    path = str(tool.parent)
+    assert processes._executable("mytool", path) and processes._found[("mytool", path)] == str(tool)
+    tool.unlink()
+    assert not processes._executable("mytool", path), "the cached find is not trusted blindly"
+    with pytest.raises(FileNotFoundError):
+        processes._prepare(tmp_path, tmp_path / "x.log", "mytool", path, None)

@@ -8,6 +8,7 @@ PostgreSQL. The outcome must be `cancelled` with the daemon really gone, or
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from libs import proctree
 from libs.db import Database
 from libs.settings import WorkerProfile
 from services.scheduler import cgroups
-from services.scheduler.domain import Attempt, State, Task
+from services.scheduler.domain import Attempt, FailureCode, State, Task
 from services.scheduler.ownership import Ownership
 from services.scheduler.store import MIGRATIONS
 from tests.support.postgres import fresh_database
@@ -224,3 +225,87 @@ async def test_a_leader_that_dies_in_its_fork_window_is_left_to_asyncio_never_re
     finally:
         child.wait()
         own.drop(attempt)
+
+
+def test_a_child_whose_fork_returned_is_a_leader_at_once_not_an_orphan() -> None:
+    """The spawning thread says the pid as soon as the fork returns (``Ownership.spawned``):
+    from then on the new child is neither pending nor anyone's orphan, nor reaped."""
+    own = Ownership(proctree.process_table, lambda: set(), reap_unknown=True)
+    own.subreaper = True
+    attempt = Attempt(attempt_id="f" * 32, task_id="t" * 32, number=1, boot_id="b", token_hash="h")
+    own.owned[attempt.attempt_id] = attempt
+    own._forking[attempt.attempt_id] = proctree.boot_ticks() - 1
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        table = proctree.process_table()
+        assert child.pid in [p.pid for p in own.orphan_check(table)], "in the fork window: pending"
+        own.spawned(attempt.attempt_id, child.pid)
+        assert child.pid not in [p.pid for p in own.orphan_check(proctree.process_table())]
+        child.kill()
+        deadline = time.monotonic() + 10
+        while (stat := proctree.read_stat(child.pid)) is not None and stat.alive:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        own.reap(proctree.process_table())
+        assert proctree.read_stat(child.pid) is not None, "a spawned leader's zombie is its launch's to reap"
+        own.forked(attempt)
+        assert own._forking == {} and own._spawned == {}
+    finally:
+        child.kill()
+        child.wait()
+
+
+async def test_an_exit_during_another_launchs_fork_window_is_proven_at_the_next_reads_without_a_stop(
+    tmp_path: Path,
+) -> None:
+    h = await start_harness(tmp_path, proof_mode="subreaper")
+    child = None
+    stops: list[str] = []
+    try:
+        task = await running(h, "sleeper")
+        stopper = h.engine.stopper
+        original = stopper.stop_tree
+
+        async def recording_stop_tree(attempt: Attempt) -> object:
+            stops.append(attempt.task_id)
+            return await original(attempt)
+
+        stopper.stop_tree = recording_stop_tree  # type: ignore[method-assign,assignment]
+        # Another launch has forked and its pid is not known yet; its child started after our leader.
+        h.engine.ownership._forking["f" * 32] = proctree.boot_ticks() - 1
+        child = subprocess.Popen(["sleep", "30"])
+        _, attempts = await h.engine.get_task(task.task_id)
+        scans = h.engine.runtime.scans
+        reads = scans.reads
+        os.kill(attempts[-1].pid or -1, signal.SIGKILL)  # the worker's own end
+        deadline = time.monotonic() + 10
+        while scans.reads < reads + 2:  # the exit looked, and found the child of the fork in flight
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.002)
+        assert (await h.engine.store.get_task(task.task_id)).state == State.RUNNING, "not proven yet"
+        h.engine.ownership.spawned("f" * 32, child.pid)  # that launch's fork returned
+        done = await h.wait(task.task_id, [State.FAILED])
+        assert done.failure is not None and done.failure.code == FailureCode.WORKER_KILLED
+        assert stops == [], "nothing to signal: proven at the next shared reads, not by a stop"
+    finally:
+        h.engine.ownership._forking.pop("f" * 32, None)
+        h.engine.ownership._spawned.pop("f" * 32, None)
+        if child is not None:
+            child.kill()
+            child.wait()
+        await h.close()
+
+
+def test_the_live_leaders_read_from_the_scans_thread_survives_the_loop_changing_them() -> None:
+    """The leaders come from the loop's live attempts, read from a thread: a change meanwhile
+    ("dictionary changed size during iteration") is read again, never a failed exit proof."""
+    calls: list[int] = []
+
+    def leaders() -> set[int]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        return {12345}
+
+    own = Ownership(proctree.process_table, leaders, reap_unknown=False)
+    assert own._leader_pids() == {12345} and len(calls) == 2

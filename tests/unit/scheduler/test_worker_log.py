@@ -16,6 +16,8 @@ from services.scheduler.worker_log import (
     DEFAULT_TAIL_BYTES,
     MAX_TAIL_BYTES,
     attempt_log_path,
+    legacy_attempt_log_path,
+    open_for_worker,
     read_tail,
     validate_tail_request,
 )
@@ -40,6 +42,29 @@ def test_the_tail_is_bounded_and_says_when_there_is_more(tmp_path: Path) -> None
     whole = read_tail(tmp_path, TASK, 1, 100)
     assert (whole.content, whole.truncated) == (b"0123456789", False)
     assert read_tail(tmp_path, TASK, 2, 100).content == b""  # no such log (yet): empty
+
+
+def test_a_log_written_by_an_older_version_is_still_read(tmp_path: Path) -> None:
+    old = legacy_attempt_log_path(tmp_path, TASK, 1)
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"from before")
+    assert read_tail(tmp_path, TASK, 1, 100).content == b"from before"
+    write_log(tmp_path, 1, b"now")  # the current layout wins where both exist
+    assert read_tail(tmp_path, TASK, 1, 100).content == b"now"
+
+
+def test_a_workers_log_is_private_and_never_created_through_a_symlink(tmp_path: Path) -> None:
+    path = attempt_log_path(tmp_path, TASK, 1)
+    os.close(open_for_worker(path))  # the folder is made on first use
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+    secret = tmp_path / "gateway.secret"
+    secret.write_text("s3cret")
+    # A worker (same uid) aiming its next attempt's output at a caller secret:
+    aimed = attempt_log_path(tmp_path, TASK, 2)
+    os.symlink(secret, aimed)
+    with pytest.raises(OSError):
+        open_for_worker(aimed)
+    assert secret.read_text() == "s3cret"
 
 
 def test_bounds_of_a_request() -> None:
