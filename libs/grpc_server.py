@@ -117,6 +117,15 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, auth: CallerAuth | None) -> None:
         self._auth = auth
+        # The RPC_DURATION child of each (method, code): ``labels()`` takes the metric's lock and
+        # builds its key on every call. Bounded: only registered methods reach it, and few codes.
+        self._durations: dict[tuple[str, str], Any] = {}
+
+    def _observe(self, method: str, code: str, seconds: float) -> None:
+        child = self._durations.get((method, code))
+        if child is None:
+            child = self._durations[(method, code)] = RPC_DURATION.labels(method, code)
+        child.observe(seconds)
 
     async def intercept_service(
         self,
@@ -128,20 +137,27 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         method = details.method
         received = time.perf_counter()
-        metadata = dict(details.invocation_metadata or ())
-        request_id = str(metadata.get(REQUEST_ID_KEY) or "")
+        # The two keys we need, last one wins (as a dict of the metadata would): no dict per call.
+        request_id: Any = ""
+        authorization: Any = None
+        for key, value in details.invocation_metadata or ():
+            if key == REQUEST_ID_KEY:
+                request_id = value
+            elif key == internal_auth.AUTHORIZATION_KEY:
+                authorization = value
+        request_id = str(request_id or "")
         if not REQUEST_ID_PATTERN.fullmatch(request_id):
             request_id = uuid.uuid4().hex
         caller = "-"
         if self._auth is not None:
-            identity = self._auth.identify(metadata.get(internal_auth.AUTHORIZATION_KEY))
+            identity = self._auth.identify(authorization)
             if identity is None:
                 log.warning("rpc_unauthenticated", rpc=method, request_id=request_id)
-                RPC_DURATION.labels(method, "UNAUTHENTICATED").observe(time.perf_counter() - received)
+                self._observe(method, "UNAUTHENTICATED", time.perf_counter() - received)
                 return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED, "a valid caller credential is required")
             if not internal_auth.allowed(identity, method):
                 log.warning("rpc_permission_denied", rpc=method, caller=identity, request_id=request_id)
-                RPC_DURATION.labels(method, "PERMISSION_DENIED").observe(time.perf_counter() - received)
+                self._observe(method, "PERMISSION_DENIED", time.perf_counter() - received)
                 return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED, f"{identity} may not call {method}")
             caller = identity
 
@@ -151,7 +167,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         def done(start: float, code: str, error: BaseException | None = None) -> None:
             elapsed = time.perf_counter() - start
-            RPC_DURATION.labels(method, code).observe(elapsed)
+            self._observe(method, code, elapsed)
             elapsed_ms = round(elapsed * 1000, 2)
             if code == "INTERNAL" and error is not None:
                 log.error("rpc_failed", code=code, duration_ms=elapsed_ms, exc_info=error)

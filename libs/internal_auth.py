@@ -130,6 +130,8 @@ class CallerAuth:
         scheme, _, secret = authorization.partition(" ")
         if scheme.lower() != "bearer" or not secret:
             return None
+        # Judged afresh on every call (about 1 us): a verdict cache keyed by the presented secret
+        # would keep secrets in the server's memory, where only their digests live.
         presented = _digest(secret.strip())
         found = None
         # Compare with every digest (no early exit): the time taken says nothing about which matched.

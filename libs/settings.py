@@ -388,8 +388,10 @@ class Settings(_Frozen):
         return self.agents.get(agent_id, AgentConfig())
 
     def agent_workspace(self, agent_id: str) -> Path:
-        configured = self.agent(agent_id).workspace
-        return Path(configured) if configured else resolved_dir(self.data_dir) / "workspaces" / agent_id
+        config = self.agents.get(agent_id)
+        if config is not None and config.workspace:
+            return Path(config.workspace)
+        return default_agent_workspace(self.data_dir, agent_id)
 
 
 @functools.lru_cache(maxsize=64)
@@ -397,6 +399,13 @@ def resolved_dir(path: Path) -> Path:
     """The absolute, symlink-free form of a service's own folder, resolved once: a resolve
     is a syscall per path component, and hot paths (each task's workspace and log) need it."""
     return path.resolve()
+
+
+@functools.lru_cache(maxsize=1024)
+def default_agent_workspace(data_dir: Path, agent_id: str) -> Path:
+    """``<data dir>/workspaces/<agent>``, built once per agent: every task of a shared-workspace
+    profile asks, and two pathlib joins cost more than the rest of its admission."""
+    return resolved_dir(data_dir) / "workspaces" / agent_id
 
 
 def load_settings(environ: Mapping[str, str]) -> Settings:

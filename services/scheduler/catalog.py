@@ -63,7 +63,7 @@ class TaskCatalog:
                 )
             if not request.profile:
                 request = replace(request, profile=earlier.profile)
-        request = domain.validate_new_task(request, set(settings.workers))
+        request = domain.validate_new_task(request, settings.workers)
         profile = settings.workers[request.profile]
         domain.check_harness(
             request.profile, profile.harness, profile.harness_model, request.harness, request.harness_model
@@ -154,7 +154,7 @@ class TaskCatalog:
         """The queued task a cron tick makes (validated), not stored yet: a plain worker task of
         a shared-workspace profile (no skill, continuation, target or Git worktree)."""
         rt = self.rt
-        request = domain.validate_new_task(request, set(rt.settings.workers))
+        request = domain.validate_new_task(request, rt.settings.workers)
         profile = rt.settings.workers[request.profile]
         if profile.workspace_policy != "shared":
             raise domain.InvalidArgument(

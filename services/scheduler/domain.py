@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Container
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -436,7 +437,7 @@ def validate_task_id(value: str) -> str:
     return value
 
 
-def validate_new_task(req: NewTask, known_profiles: set[str]) -> NewTask:
+def validate_new_task(req: NewTask, known_profiles: Container[str]) -> NewTask:
     validate_id("agentId", req.agent_id)
     validate_id("sessionId", req.session_id)
     title = req.title.strip()
@@ -458,6 +459,8 @@ def validate_new_task(req: NewTask, known_profiles: set[str]) -> NewTask:
     for name, value in (("harness", req.harness), ("harnessModel", req.harness_model)):
         if value is not None and len(value) > 100:
             raise InvalidArgument("FIELD_TOO_LONG", f"{name} is longer than 100 characters", field=name)
+    if title == req.title and profile == req.profile and "" not in (req.request_id, req.harness, req.harness_model):
+        return req  # already in its normal form (frozen: safe to share)
     return NewTask(
         agent_id=req.agent_id,
         session_id=req.session_id,

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from libs import grpc_server, internal_auth, proctree
 from libs.grpc_client import ClientSecurity, aio_channel
@@ -173,6 +174,63 @@ async def test_the_interceptor_refuses_unknown_callers_and_methods_outside_the_l
             assert await _code(raw(list_watches, timeout=5)) == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await host.stop(0)
+
+
+def _rpc_count(method: str, code: str) -> float:
+    labels = {"method": method, "code": code}
+    return REGISTRY.get_sample_value("taskgate_rpc_duration_seconds_count", labels) or 0.0
+
+
+async def test_every_call_is_checked_on_its_own_credential(agent: Agent) -> None:
+    """Nothing of an earlier verdict carries over: a good call, then the same identity with a
+    changed (or revoked) secret, then the good one again — each judged on what it presents; a
+    server started with rotated secrets refuses the old one at once."""
+    host = await _telemetry_server(agent)
+    try:
+        request = pb.ListWatchesRequest()
+        good = _stub(host.port, "scheduler", "scheduler-secret")
+        changed = _stub(host.port, "scheduler", "scheduler-secret-2")
+        for _ in range(3):
+            assert await _code(good.ListWatches(request, timeout=5)) == grpc.StatusCode.OK
+            assert await _code(changed.ListWatches(request, timeout=5)) == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await host.stop(0)
+    rotated = {**SECRETS, "scheduler": "scheduler-secret-2"}
+    host = await start_server(
+        "127.0.0.1:0",
+        [lambda server: pb_grpc.add_TelemetryAgentServiceServicer_to_server(TelemetryAgentServicer(agent), server)],
+        [SERVICE_NAME],
+        security=ServerSecurity(auth=CallerAuth.from_secrets(rotated)),
+    )
+    try:
+        old = _stub(host.port, "scheduler", "scheduler-secret")
+        new = _stub(host.port, "scheduler", "scheduler-secret-2")
+        assert await _code(old.ListWatches(pb.ListWatchesRequest(), timeout=5)) == grpc.StatusCode.UNAUTHENTICATED
+        assert await _code(new.ListWatches(pb.ListWatchesRequest(), timeout=5)) == grpc.StatusCode.OK
+    finally:
+        await host.stop(0)
+
+
+async def test_each_call_is_counted_by_method_and_code(agent: Agent) -> None:
+    """The RPC histogram keeps its labels (the interceptor reuses each method's child)."""
+    method = "/taskgate.telemetry.v1.TelemetryAgentService/ListWatches"
+    codes = ("OK", "UNAUTHENTICATED", "PERMISSION_DENIED")
+    before = {code: _rpc_count(method, code) for code in codes}
+    host = await _telemetry_server(agent)
+    try:
+        request = pb.ListWatchesRequest()
+        scheduler = _stub(host.port, "scheduler", "scheduler-secret")
+        for _ in range(3):
+            assert await _code(scheduler.ListWatches(request, timeout=5)) == grpc.StatusCode.OK
+        unknown = _stub(host.port, "scheduler", "wrong")
+        gateway = _stub(host.port, "gateway", "gateway-secret")
+        for _ in range(2):
+            assert await _code(unknown.ListWatches(request, timeout=5)) == grpc.StatusCode.UNAUTHENTICATED
+        assert await _code(gateway.ListWatches(request, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await host.stop(0)
+    after = {code: _rpc_count(method, code) - before[code] for code in codes}
+    assert after == {"OK": 3, "UNAUTHENTICATED": 2, "PERMISSION_DENIED": 1}
 
 
 @pytest.mark.parametrize("server_policy", ["agreeing", "grpc_default"])

@@ -84,3 +84,17 @@ def test_each_service_has_a_metrics_port_setting() -> None:
     assert ports == [9000, 9001, 9002, 9003, 9004] and settings.metrics_host == "0.0.0.0"
     with pytest.raises(SettingsError, match="scheduler_metrics_port"):
         load_settings({"TASKGATE_SCHEDULER_METRICS_PORT": "70000"})
+
+
+def test_an_agents_workspace_its_own_folder_or_one_under_the_data_dir(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'[agents.mine]\nworkspace = "{tmp_path / "elsewhere"}"\n')
+    first = load_settings({"TASKGATE_CONFIG": str(config), "TASKGATE_DATA_DIR": str(tmp_path / "a")})
+    # The default is remembered per (data dir, agent): another data dir has its own.
+    second = load_settings({"TASKGATE_DATA_DIR": str(tmp_path / "b" / ".." / "b")})
+    for _ in range(2):
+        assert first.agent_workspace("mine") == tmp_path / "elsewhere"
+        assert first.agent_workspace("agent-1") == (tmp_path / "a").resolve() / "workspaces" / "agent-1"
+        assert first.agent_workspace("agent-2") == (tmp_path / "a").resolve() / "workspaces" / "agent-2"
+        assert second.agent_workspace("agent-1") == (tmp_path / "b").resolve() / "workspaces" / "agent-1"
+        assert second.agent_workspace("mine") == (tmp_path / "b").resolve() / "workspaces" / "mine"

@@ -103,6 +103,14 @@ def test_new_task_defaults_the_profile_and_trims_the_title() -> None:
     assert req.profile == "default-worker" and req.title == "hi"
 
 
+def test_new_task_empty_optional_fields_become_none_and_a_normal_one_stays_as_it_is() -> None:
+    req = domain.validate_new_task(new(profile="default-worker", harness="", harness_model=""), {"default-worker"})
+    assert (req.harness, req.harness_model) == (None, None)
+    normal = new(profile="default-worker", request_id="r-1", harness="codex", harness_model="m")
+    assert domain.validate_new_task(normal, {"default-worker"}) == normal
+    assert domain.validate_new_task(new(title=" hi"), {"default-worker"}) == new(title="hi", profile="default-worker")
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [

@@ -1,0 +1,92 @@
+"""The scheduler's CPU per CreateTask call and per cheap unary RPC, apart from launching.
+
+A real five-process stack; this client calls the scheduler's gRPC API directly as the gateway
+(16 in flight on one channel). One `sleeper` task holds the only running slot (max_running=1),
+so every created task stays queued: the figure is the create path alone — the interceptor
+(caller auth, request id, log line, RPC metric), the servicer, admission, the store's insert
+and its event, the reply — plus the event it sends to the notifier's log follower. The second
+figure is GetTask of one queued task: the per-RPC overhead with a small handler.
+
+Scheduler CPU is read from /proc (user + system) around each round; median of the rounds.
+
+Run: .venv/bin/python bench/bench_create_rpc.py [--n 1500] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_tasks import cpu_seconds  # noqa: E402
+from libs.grpc_client import aio_channel  # noqa: E402
+from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
+from tests.support.procs import client_security  # noqa: E402
+from tests.support.stack import make_stack  # noqa: E402
+
+AGENT, SESSION = "agent-1", "bench-create"
+IN_FLIGHT = 16
+
+
+async def _calls(n: int, call: object) -> float:
+    """Seconds for ``n`` calls of ``call()`` with IN_FLIGHT at a time."""
+    sem = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one() -> None:
+        async with sem:
+            await call()  # type: ignore[operator]
+
+    began = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n)))
+    return time.perf_counter() - began
+
+
+async def run(n: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = make_stack(Path(tmp), max_running=1).start()
+        try:
+            pid = stack.procs["scheduler"].proc.pid  # type: ignore[union-attr]
+            async with aio_channel(stack.addr("scheduler"), client_security(stack.env, "gateway")) as channel:
+                stub = pb_grpc.SchedulerServiceStub(channel)
+                base = {"agent_id": AGENT, "session_id": SESSION, "title": "b"}
+                await stub.CreateTask(pb.CreateTaskRequest(**base, profile="sleeper"), timeout=10)
+                one = await stub.CreateTask(pb.CreateTaskRequest(**base, profile="true"), timeout=10)
+                await asyncio.sleep(1.0)  # the sleeper runs; nothing else will launch
+
+                async def create() -> None:
+                    await stub.CreateTask(pb.CreateTaskRequest(**base, profile="true"), timeout=30)
+
+                async def get() -> None:
+                    await stub.GetTask(pb.GetTaskRequest(task_id=one.task.task_id), timeout=30)
+
+                for name, call in (("CreateTask", create), ("GetTask", get)):
+                    per_call, rates = [], []
+                    for _ in range(rounds):
+                        cpu0 = cpu_seconds(pid)
+                        took = await _calls(n, call)
+                        per_call.append((cpu_seconds(pid) - cpu0) * 1000 / n)
+                        rates.append(n / took)
+                    print(
+                        f"{name}: scheduler CPU {statistics.median(per_call):.3f} ms/call "
+                        f"(rounds {', '.join(f'{x:.3f}' for x in per_call)}), "
+                        f"{statistics.median(rates):.0f} calls/s, N={n}, load average {os.getloadavg()[0]:.1f}",
+                        flush=True,
+                    )
+        finally:
+            stack.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1500)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(run(args.n, args.rounds))
