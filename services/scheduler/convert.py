@@ -281,6 +281,14 @@ def fill_task(
         msg.harness_model = latest.harness_model or ""
 
 
+def fill_event(msg: pb.TaskEvent, sequence: int, event_type: str, at: int, task: Task, now: int) -> None:
+    """One event of the log into ``msg`` (an entry of a batched WatchTasksResponse)."""
+    msg.sequence = sequence
+    msg.type = EVENT_TYPE_TO_PB[event_type]
+    set_ts(msg.event_time, at)
+    fill_task(msg.task, task, now)
+
+
 def usage_from_pb(req: pb.ReportUsageRequest) -> domain.Usage:
     """The counters a worker reported (``req.delta`` says whether they add up)."""
     return domain.Usage(

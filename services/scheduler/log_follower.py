@@ -29,6 +29,15 @@ class LogFollower:
         Ids skipped on the way (a PostgreSQL transaction that took its id earlier but
         commits later) are looked for again for ``LOG_GAP_WAIT_MS``.
         """
+        async for events in self.follow_batches(since, types, batch):
+            for event in events:
+                yield event
+
+    async def follow_batches(
+        self, since: int, types: set[str], batch: int = 500
+    ) -> AsyncIterator[list[TaskEvent]]:
+        """``follow_log`` one read at a time: the wanted events each read of the log found
+        (never empty), so a caller can send them on together."""
         if since < 0:
             raise domain.InvalidArgument("INVALID_CURSOR", "since_sequence must be 0 or more")
         rt = self.rt
@@ -47,8 +56,8 @@ class LogFollower:
                             gaps.setdefault(missing, now)
                     for i in ids:
                         gaps.pop(i, None)
-                    for stored in events:
-                        yield TaskEvent(stored.id, stored.type, stored.at, stored.task)
+                    if events:
+                        yield [TaskEvent(stored.id, stored.type, stored.at, stored.task) for stored in events]
                     if fresh:
                         cursor = fresh[-1]
                     if len(ids) >= batch:
