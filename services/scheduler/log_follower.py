@@ -36,9 +36,7 @@ class LogFollower:
             for event in events:
                 yield event
 
-    async def follow_batches(
-        self, since: int, types: set[str], batch: int = 500
-    ) -> AsyncIterator[list[TaskEvent]]:
+    async def follow_batches(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[list[TaskEvent]]:
         """``follow_log`` one read at a time: the wanted events each read of the log found
         (never empty), so a caller can send them on together."""
         if since < 0:
