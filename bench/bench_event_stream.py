@@ -16,6 +16,7 @@ Run: .venv/bin/python bench/bench_event_stream.py   (or `make bench`)
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 
 TASKS = 1000
+LIVE_READ = 22
 ROUNDS = 3
 # A checkout before batches (TASKGATE_REPO) has no batch_replies: only the unbatched mode.
 BATCHES = hasattr(servicer_module, "batch_replies")
@@ -108,14 +110,21 @@ async def main() -> None:
             f"scheduler event-log stream, SQLite, {total} events ({TASKS} tasks: queued, cancelled), best of {ROUNDS}"
         )
         await stream_all(stub, total, False)  # warm-up: statement caches, the executor thread
-        for batch in (False, True) if BATCHES else (False,):
-            best = min([await stream_all(stub, total, batch) for _ in range(ROUNDS)])
-            cpu, wall, replies = best
-            label = "batched (one response per read)" if batch else "one response per event"
-            print(
-                f"  {label:34s} {1e6 * cpu / total:7.1f} us CPU/event (server+client)"
-                f"  {total / wall:8.0f} events/s  {replies} responses"
-            )
+        follow_log, follow_batches = engine.follow_log, getattr(engine, "follow_log_batches", None)
+        for read in (500, LIVE_READ):
+            # Reads of LIVE_READ events: what a busy live stack's reads hold (the follower's
+            # own read size is 500, what a catch-up gets).
+            engine.follow_log = functools.partial(follow_log, batch=read)  # type: ignore[method-assign]
+            if follow_batches is not None:
+                engine.follow_log_batches = functools.partial(follow_batches, batch=read)  # type: ignore[method-assign]
+            for batch in (False, True) if BATCHES else (False,):
+                best = min([await stream_all(stub, total, batch) for _ in range(ROUNDS)])
+                cpu, wall, replies = best
+                label = ("batched" if batch else "one response per event") + f", reads of {read}"
+                print(
+                    f"  {label:36s} {1e6 * cpu / total:7.1f} us CPU/event (server+client)"
+                    f"  {total / wall:8.0f} events/s  {replies} responses"
+                )
         await channel.close()
         await host.server.stop(0)
         db.close()
