@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterable, Sequence
+from typing import TypeAlias
 
 import grpc
 import structlog
@@ -28,7 +29,12 @@ def state_name(state: int) -> str:
     return spb.TaskState.Name(state).removeprefix("TASK_STATE_").lower()
 
 
-def fact_from_pb(event: spb.WatchTasksResponse) -> TaskFact:
+# One event of the log: an entry of a batched response, or an unbatched response itself
+# (what a scheduler without batches sends; both carry sequence, type and task).
+LogItem: TypeAlias = spb.TaskEvent | spb.WatchTasksResponse
+
+
+def fact_from_pb(event: LogItem) -> TaskFact:
     task = event.task
     return TaskFact(
         event_type=EVENT_TYPES.get(event.type, "other"),
@@ -89,7 +95,7 @@ class EventLogFollower:
         self.batches = 0  # committed batches (a stream that made progress retries at once)
         self.connected = asyncio.Event()
 
-    def prepare(self, event: spb.WatchTasksResponse) -> LogEvent:
+    def prepare(self, event: LogItem) -> LogEvent:
         """What one event means to the store (ids and times are fixed here, before the write)."""
         fact = fact_from_pb(event)
         planned = domain.plan_notification(fact)
@@ -123,7 +129,7 @@ class EventLogFollower:
         message_id = new_id() if n is not None else ""
         return LogEvent(event.sequence, n, message_id, question, task_state)
 
-    async def handle_batch(self, events: Sequence[spb.WatchTasksResponse]) -> list[Notification | None]:
+    async def handle_batch(self, events: Sequence[LogItem]) -> list[Notification | None]:
         """Apply ``events`` in one transaction, then publish their frames in order."""
         stored = await self.store.record_log_events(CURSOR, [self.prepare(e) for e in events])
         self.batches += 1
@@ -133,17 +139,21 @@ class EventLogFollower:
             self.servicer.after_commit(frame)
         return [n for n, _ in stored]
 
-    async def handle(self, event: spb.WatchTasksResponse) -> Notification | None:
+    async def handle(self, event: LogItem) -> Notification | None:
         return (await self.handle_batch([event]))[0]
 
     async def follow(self, stream: AsyncIterable[spb.WatchTasksResponse]) -> None:
         """Apply the stream's events batch by batch until it ends; its error is raised."""
-        ready: asyncio.Queue[spb.WatchTasksResponse | _StreamEnded] = asyncio.Queue(maxsize=READ_AHEAD)
+        ready: asyncio.Queue[LogItem | _StreamEnded] = asyncio.Queue(maxsize=READ_AHEAD)
 
         async def read() -> None:
             try:
-                async for event in stream:
-                    await ready.put(event)
+                async for reply in stream:
+                    if reply.events:  # a batch: its events, in order, into the same batching
+                        for event in reply.events:
+                            await ready.put(event)
+                    else:
+                        await ready.put(reply)
             except Exception as exc:  # noqa: BLE001 - handed to the writer, which raises it
                 await ready.put(_StreamEnded(exc))
             else:
@@ -152,7 +162,7 @@ class EventLogFollower:
         reader = asyncio.create_task(read(), name="event-log-reader")
         try:
             while True:
-                batch: list[spb.WatchTasksResponse] = []
+                batch: list[LogItem] = []
                 ended: _StreamEnded | None = None
                 item = await ready.get()
                 if self.linger_s > 0 and ready.qsize() < self.batch_max and not isinstance(item, _StreamEnded):
@@ -187,7 +197,9 @@ class EventLogFollower:
                 await asyncio.sleep(2.0)
                 continue
             stream = self.stub.WatchTasks(
-                spb.WatchTasksRequest(all_sessions=True, since_sequence=cursor, event_types=list(EVENT_TYPES))
+                spb.WatchTasksRequest(
+                    all_sessions=True, since_sequence=cursor, event_types=list(EVENT_TYPES), batch=True
+                )
             )
             batches = self.batches
             try:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
-from libs.timestamps import ts
+from libs.timestamps import set_ts, ts
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, State, Task, ToolEvent
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
@@ -34,10 +35,17 @@ EVENT_TYPE_TO_PB = {
 
 
 def tool_to_pb(event: ToolEvent) -> pb.ToolEvent:
-    msg = pb.ToolEvent(name=event.name, status=TOOL_STATUS_TO_PB[event.status], event_time=ts(event.at))
+    msg = pb.ToolEvent()
+    _fill_tool(msg, event)
+    return msg
+
+
+def _fill_tool(msg: pb.ToolEvent, event: ToolEvent) -> None:
+    msg.name = event.name
+    msg.status = TOOL_STATUS_TO_PB[event.status]
+    set_ts(msg.event_time, event.at)
     if event.exit_code is not None:
         msg.exit_code = event.exit_code
-    return msg
 
 
 def attempt_to_pb(a: Attempt) -> pb.Attempt:
@@ -74,98 +82,144 @@ def task_to_pb(
 ) -> pb.Task:
     """The public snapshot. ``preview_chars`` bounds free text for list entries; ``tree``
     (detail only) adds the sub-tasks and the tree's evidence."""
+    msg = pb.Task()
+    fill_task(msg, task, now, attempts, preview_chars, tree)
+    return msg
 
-    def text(value: str) -> str:
-        return domain.preview(value, preview_chars) if preview_chars else value
 
-    msg = pb.Task(
-        task_id=task.task_id,
-        agent_id=task.agent_id,
-        session_id=task.session_id,
-        title=task.title,
-        instructions=text(task.instructions),
-        state=STATE_TO_PB[task.state],
-        execution_type=pb.EXECUTION_TYPE_GATEWAY_MANAGED if task.gateway_managed else pb.EXECUTION_TYPE_WORKER,
-        target_profile=task.profile,
-        harness=task.harness or "",
-        harness_model=task.harness_model or "",
-        workspace=pb.Workspace(mode=task.workspace_mode, path=task.workspace_path),
-        observed_paths=task.observed_paths[-20:] if preview_chars else task.observed_paths,
-        current_filesystem_verified=False,
-        update_time=ts(task.updated_at),
-        timing=pb.Timing(
-            create_time=ts(task.created_at),
-            first_start_time=ts(task.first_started_at),
-            start_time=ts(task.started_at),
-            end_time=ts(task.ended_at),
-            elapsed_ms=task.elapsed_ms(now),
-        ),
-    )
+def _same(value: str) -> str:
+    return value
+
+
+_EXECUTION_COUNTERS = (
+    "cpu_user_ticks",
+    "cpu_system_ticks",
+    "io_read_count",
+    "io_write_count",
+    "io_read_bytes",
+    "io_write_bytes",
+)
+
+
+def fill_task(
+    msg: pb.Task,
+    task: Task,
+    now: int,
+    attempts: list[Attempt] | None = None,
+    preview_chars: int | None = None,
+    tree: domain.TreeView | None = None,
+) -> None:
+    """``task_to_pb`` written into ``msg`` (an empty Task, e.g. inside a batch of events).
+
+    Sub-messages are filled in place rather than built and copied, and a scalar that is
+    empty is not assigned at all (in proto3 an empty string or zero is the field unset);
+    a sub-message's presence is kept exactly: one that was set before is set here, also
+    when all its fields are empty. The event stream converts a task per event, so this
+    is on the scheduler's hot path.
+    """
+    text = _same if not preview_chars else functools.partial(domain.preview, limit=preview_chars)
+    msg.task_id = task.task_id
+    msg.agent_id = task.agent_id
+    msg.session_id = task.session_id
+    msg.title = task.title
+    if task.instructions:
+        msg.instructions = text(task.instructions)
+    msg.state = STATE_TO_PB[task.state]
+    msg.execution_type = pb.EXECUTION_TYPE_GATEWAY_MANAGED if task.gateway_managed else pb.EXECUTION_TYPE_WORKER
+    msg.target_profile = task.profile
+    if task.harness:
+        msg.harness = task.harness
+    if task.harness_model:
+        msg.harness_model = task.harness_model
+    workspace = msg.workspace  # always present, also when both parts are empty
+    workspace.mode = task.workspace_mode
+    workspace.path = task.workspace_path
+    if task.observed_paths:
+        msg.observed_paths.extend(task.observed_paths[-20:] if preview_chars else task.observed_paths)
+    set_ts(msg.update_time, task.updated_at)
+    timing = msg.timing
+    set_ts(timing.create_time, task.created_at)
+    if task.first_started_at is not None:
+        set_ts(timing.first_start_time, task.first_started_at)
+    if task.started_at is not None:
+        set_ts(timing.start_time, task.started_at)
+    if task.ended_at is not None:
+        set_ts(timing.end_time, task.ended_at)
+    elapsed = task.elapsed_ms(now)
+    if elapsed:
+        timing.elapsed_ms = elapsed
     if task.progress is not None:
-        msg.progress.CopyFrom(pb.Progress(text=text(task.progress.text), update_time=ts(task.progress.updated_at)))
+        progress = msg.progress
+        progress.text = text(task.progress.text)
+        set_ts(progress.update_time, task.progress.updated_at)
     if task.last_activity_at is not None or task.last_tool is not None:
         activity = msg.activity
         if task.last_activity_at is not None:
-            activity.last_activity_time.CopyFrom(ts(task.last_activity_at))
+            set_ts(activity.last_activity_time, task.last_activity_at)
         if task.last_tool is not None:
-            activity.last_tool.CopyFrom(tool_to_pb(task.last_tool))
-        recent = task.recent_tools[-5:] if preview_chars else task.recent_tools
-        activity.recent_tools.extend(tool_to_pb(t) for t in recent)
+            _fill_tool(activity.last_tool, task.last_tool)
+        for tool in task.recent_tools[-5:] if preview_chars else task.recent_tools:
+            _fill_tool(activity.recent_tools.add(), tool)
     if task.execution is not None:
         e = task.execution
-        msg.execution.CopyFrom(
-            pb.Execution(
-                available=e.available,
-                reason=e.reason or "",
-                observe_time=ts(e.observed_at),
-                last_activity_time=ts(e.last_activity_at),
-                historical=task.terminal,
-                processes=[pb.ProcessIdentity(pid=p.pid, start_time=p.start_time) for p in e.processes],
-            )
-        )
-        for name in (
-            "cpu_user_ticks",
-            "cpu_system_ticks",
-            "io_read_count",
-            "io_write_count",
-            "io_read_bytes",
-            "io_write_bytes",
-        ):
+        execution = msg.execution
+        execution.available = e.available  # marks it present, also when false
+        if e.reason:
+            execution.reason = e.reason
+        set_ts(execution.observe_time, e.observed_at)
+        if e.last_activity_at is not None:
+            set_ts(execution.last_activity_time, e.last_activity_at)
+        if task.terminal:
+            execution.historical = True
+        for name in _EXECUTION_COUNTERS:
             value = getattr(e, name)
-            if value is not None:
-                setattr(msg.execution, name, value)
+            if value is not None:  # optional fields: a zero is a reading, None is none
+                setattr(execution, name, value)
+        for p in e.processes:
+            execution.processes.add(pid=p.pid, start_time=p.start_time)
     if task.pending_question is not None and not task.terminal:
         q = task.pending_question
-        msg.pending_question.CopyFrom(
-            pb.PendingQuestion(question_id=q.question_id, text=text(q.text), revision=q.revision)
-        )
-    msg.version = task.version
+        question = msg.pending_question
+        question.question_id = q.question_id
+        question.text = text(q.text)
+        question.revision = q.revision
+    if task.version:
+        msg.version = task.version
     if task.restart_resume is not None:
         r = task.restart_resume
-        msg.restart_resume.CopyFrom(
-            pb.RestartResume(count=r.count, revision=r.revision, pending=r.pending, last_progress=r.last_progress or "")
-        )
+        resume = msg.restart_resume
+        resume.count = r.count
+        resume.revision = r.revision
+        resume.pending = r.pending
+        if r.last_progress:
+            resume.last_progress = r.last_progress
     if task.inspection is not None:
-        msg.inspection.CopyFrom(pb.Inspection(reason=task.inspection.reason, since_time=ts(task.inspection.since)))
+        inspection = msg.inspection
+        inspection.reason = task.inspection.reason
+        set_ts(inspection.since_time, task.inspection.since)
     if task.cancellation is not None:
         c = task.cancellation
-        msg.cancellation.CopyFrom(
-            pb.Cancellation(
-                request_time=ts(c.requested_at),
-                cause=c.cause,
-                replaced_by_task_id=c.replaced_by_task_id or "",
-                cleanup=c.cleanup or "",
-            )
-        )
+        cancellation = msg.cancellation
+        set_ts(cancellation.request_time, c.requested_at)
+        cancellation.cause = c.cause
+        if c.replaced_by_task_id:
+            cancellation.replaced_by_task_id = c.replaced_by_task_id
+        if c.cleanup:
+            cancellation.cleanup = c.cleanup
     if task.failure is not None:
         f = task.failure
-        msg.failure.CopyFrom(pb.Failure(code=f.code, message=f.message, retryable=f.retryable))
+        failure = msg.failure
+        failure.code = f.code
+        failure.message = f.message
+        if f.retryable:
+            failure.retryable = True
         if f.exit_code is not None:
-            msg.failure.exit_code = f.exit_code
+            failure.exit_code = f.exit_code
     if task.result is not None:
-        msg.result.CopyFrom(
-            pb.Result(text=text(task.result.text), unresolved_background=task.result.unresolved_background)
-        )
+        result = msg.result
+        result.text = text(task.result.text)  # marks it present, also when empty
+        if task.result.unresolved_background:
+            result.unresolved_background = True
     if task.gateway_target is not None:
         g = task.gateway_target
         msg.gateway_target.CopyFrom(
@@ -178,14 +232,16 @@ def task_to_pb(
             )
         )
     if task.gateway_dispatch is not None:
-        msg.gateway_dispatch.CopyFrom(
-            pb.GatewayDispatch(
-                request_id=task.gateway_dispatch.request_id, submit_time=ts(task.gateway_dispatch.submitted_at)
-            )
-        )
-    msg.continue_task_id = task.continue_task_id or ""
-    msg.continued_by_task_id = task.continued_by_task_id or ""
-    msg.parent_task_id = task.parent_task_id or ""
+        dispatch = msg.gateway_dispatch
+        dispatch.request_id = task.gateway_dispatch.request_id
+        if task.gateway_dispatch.submitted_at is not None:
+            set_ts(dispatch.submit_time, task.gateway_dispatch.submitted_at)
+    if task.continue_task_id:
+        msg.continue_task_id = task.continue_task_id
+    if task.continued_by_task_id:
+        msg.continued_by_task_id = task.continued_by_task_id
+    if task.parent_task_id:
+        msg.parent_task_id = task.parent_task_id
     if task.skill is not None:
         # Name, arguments, invocation: never the body or a host path (see ``skills``).
         msg.skill.CopyFrom(
@@ -223,7 +279,14 @@ def task_to_pb(
         latest = attempts[-1]
         msg.harness = latest.harness or ""
         msg.harness_model = latest.harness_model or ""
-    return msg
+
+
+def fill_event(msg: pb.TaskEvent, sequence: int, event_type: str, at: int, task: Task, now: int) -> None:
+    """One event of the log into ``msg`` (an entry of a batched WatchTasksResponse)."""
+    msg.sequence = sequence
+    msg.type = EVENT_TYPE_TO_PB[event_type]
+    set_ts(msg.event_time, at)
+    fill_task(msg.task, task, now)
 
 
 def usage_from_pb(req: pb.ReportUsageRequest) -> domain.Usage:

@@ -338,3 +338,6 @@ class Engine:
 
     def follow_log(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[TaskEvent]:
         return self.log_follower.follow_log(since, types, batch)
+
+    def follow_log_batches(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[list[TaskEvent]]:
+        return self.log_follower.follow_batches(since, types, batch)

@@ -15,8 +15,11 @@ from services.scheduler.runtime import Runtime
 
 # How long a log follower looks again for an id skipped in the event log.
 LOG_GAP_WAIT_MS = 10_000
-# How long a busy follower lets events gather before it reads them.
-BUSY_COALESCE_S = 0.005
+# How long a busy follower lets events gather before it reads them. Each read costs a
+# transaction, a thread hop and a response whatever it finds: at 5 ms a busy scheduler
+# (≈200 tasks/s) read 6.5 events per read, at 20 ms 22 — a quarter of the reads, for
+# at most 20 ms more before the notifier sees an event (its reader is a human).
+BUSY_COALESCE_S = 0.02
 
 
 class LogFollower:
@@ -29,6 +32,13 @@ class LogFollower:
         Ids skipped on the way (a PostgreSQL transaction that took its id earlier but
         commits later) are looked for again for ``LOG_GAP_WAIT_MS``.
         """
+        async for events in self.follow_batches(since, types, batch):
+            for event in events:
+                yield event
+
+    async def follow_batches(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[list[TaskEvent]]:
+        """``follow_log`` one read at a time: the wanted events each read of the log found
+        (never empty), so a caller can send them on together."""
         if since < 0:
             raise domain.InvalidArgument("INVALID_CURSOR", "since_sequence must be 0 or more")
         rt = self.rt
@@ -47,8 +57,8 @@ class LogFollower:
                             gaps.setdefault(missing, now)
                     for i in ids:
                         gaps.pop(i, None)
-                    for stored in events:
-                        yield TaskEvent(stored.id, stored.type, stored.at, stored.task)
+                    if events:
+                        yield [TaskEvent(stored.id, stored.type, stored.at, stored.task) for stored in events]
                     if fresh:
                         cursor = fresh[-1]
                     if len(ids) >= batch:

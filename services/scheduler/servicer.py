@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
@@ -145,9 +145,19 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             if request.task_id or (request.all_sessions and (request.agent_id or request.session_id)):
                 raise domain.InvalidArgument("INVALID_WATCH", "name a session or all_sessions, not both")
             types = {EVENT_TYPE_FROM_PB[t] for t in request.event_types if t in EVENT_TYPE_FROM_PB}
+            if request.batch:
+                batches = self.engine.follow_log_batches(request.since_sequence, types)
+                if not request.all_sessions:
+                    batches = _session_batches(batches, request.agent_id, request.session_id)
+                async for found in batches:
+                    for reply in batch_replies(found, self._now()):
+                        yield reply
+                return
             events = self.engine.follow_log(request.since_sequence, types)
             if not request.all_sessions:
                 events = self._session_only(events, request.agent_id, request.session_id)
+        elif request.batch:
+            raise domain.InvalidArgument("INVALID_WATCH", "batch is for the log: set since_sequence")
         elif request.task_id:
             if request.session_id or request.agent_id:
                 raise domain.InvalidArgument("INVALID_WATCH", "name either a task or a session, not both")
@@ -173,6 +183,51 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         async for event in events:
             if event.task.agent_id == agent_id and event.task.session_id == session_id:
                 yield event
+
+
+# A batched WatchTasksResponse stays below this (gRPC's default receive limit is 4 MiB);
+# a read that would exceed it goes out as several responses.
+WATCH_BATCH_MAX_BYTES = 1024 * 1024
+# What a repeated entry adds beyond its own size: its tag and length prefix (at most).
+_ENTRY_OVERHEAD = 6
+
+
+def batch_replies(
+    events: Sequence[TaskEvent], now: int, max_bytes: int = WATCH_BATCH_MAX_BYTES
+) -> list[pb.WatchTasksResponse]:
+    """``events`` (one read of the log) as batched responses: one, unless it would be larger
+    than ``max_bytes``; then split between events, in order. An event larger than the
+    bound on its own goes alone (it is never cut)."""
+    reply = pb.WatchTasksResponse()
+    entries = reply.events
+    for event in events:
+        convert.fill_event(entries.add(), event.sequence, event.type, event.at, event.task, now)
+    if reply.ByteSize() <= max_bytes:  # the usual case: one size check, no copies
+        return [reply]
+    replies: list[pb.WatchTasksResponse] = []
+    current = pb.WatchTasksResponse()
+    size = 0
+    for entry in reply.events:
+        n = entry.ByteSize() + _ENTRY_OVERHEAD
+        if current.events and size + n > max_bytes:
+            replies.append(current)
+            current = pb.WatchTasksResponse()
+            size = 0
+        current.events.add().CopyFrom(entry)
+        size += n
+    replies.append(current)
+    return replies
+
+
+async def _session_batches(
+    batches: AsyncIterator[list[TaskEvent]], agent_id: str, session_id: str
+) -> AsyncIterator[list[TaskEvent]]:
+    domain.validate_id("agentId", agent_id)
+    domain.validate_id("sessionId", session_id)
+    async for events in batches:
+        mine = [e for e in events if e.task.agent_id == agent_id and e.task.session_id == session_id]
+        if mine:
+            yield mine
 
 
 async def _send_live(context: grpc.aio.ServicerContext) -> None:

@@ -542,22 +542,38 @@ class RetryCleanupResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class WatchTasksRequest(_message.Message):
-    __slots__ = ("agent_id", "session_id", "task_id", "all_sessions", "since_sequence", "event_types")
+    __slots__ = ("agent_id", "session_id", "task_id", "all_sessions", "since_sequence", "event_types", "batch")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     ALL_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     SINCE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     EVENT_TYPES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     session_id: str
     task_id: str
     all_sessions: bool
     since_sequence: int
     event_types: _containers.RepeatedScalarFieldContainer[TaskEventType]
-    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., all_sessions: _Optional[bool] = ..., since_sequence: _Optional[int] = ..., event_types: _Optional[_Iterable[_Union[TaskEventType, str]]] = ...) -> None: ...
+    batch: bool
+    def __init__(self, agent_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task_id: _Optional[str] = ..., all_sessions: _Optional[bool] = ..., since_sequence: _Optional[int] = ..., event_types: _Optional[_Iterable[_Union[TaskEventType, str]]] = ..., batch: _Optional[bool] = ...) -> None: ...
 
 class WatchTasksResponse(_message.Message):
+    __slots__ = ("sequence", "type", "event_time", "task", "events")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    type: TaskEventType
+    event_time: _timestamp_pb2.Timestamp
+    task: Task
+    events: _containers.RepeatedCompositeFieldContainer[TaskEvent]
+    def __init__(self, sequence: _Optional[int] = ..., type: _Optional[_Union[TaskEventType, str]] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., events: _Optional[_Iterable[_Union[TaskEvent, _Mapping]]] = ...) -> None: ...
+
+class TaskEvent(_message.Message):
     __slots__ = ("sequence", "type", "event_time", "task")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
