@@ -85,9 +85,14 @@ class HotRoutes:
         self.routes: dict[str, BaseRoute] = {}
 
     def _route(self, method: str) -> BaseRoute | None:
-        """The FastAPI route this request stands for: its template labels the metrics."""
+        """The FastAPI route this request stands for: its template labels the metrics.
+
+        Taken from the tasks router itself, not the app's route list: FastAPI includes a
+        router lazily, so the app lists it as one included router until a request has
+        gone through its routing (the first create was labelled "unmatched").
+        """
         if not self.routes:
-            for route in self.gateway.routes:
+            for route in tasks.router.routes:
                 if getattr(route, "path", None) == TEMPLATE:
                     for m in getattr(route, "methods", ()):
                         self.routes[m] = route

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from gateway_http.hot_routes import HotRoutes
+from gateway_http.metrics import HTTP_DURATION
 from gateway_http.middleware import RequestContextMiddleware
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from tests.unit.gateway.conftest import Gateway
@@ -206,3 +207,18 @@ async def pair_key(pair: Pair, principal: str, agents: list[str]) -> tuple[str, 
     store = pair.gateway.store
     key, secret = await store.db.run(lambda s: store.create_key(s, principal, agents, None))
     return key.key_id, secret
+
+
+async def test_the_first_fast_answer_is_timed_under_its_route_template(pair: Pair) -> None:
+
+    def count(method: str, status: str) -> float:
+        labels = {"method": method, "route": "/api/v1/agents/{agentId}/sessions/{sessionId}/tasks", "status": status}
+        samples = HTTP_DURATION.collect()[0].samples
+        return sum(s.value for s in samples if s.name.endswith("_count") and s.labels == labels)
+
+    before = count("POST", "201"), count("GET", "200")
+    # The fresh gateway's very first requests, both answered by the fast path.
+    await pair.served.post(BASE, json={"title": "b"}, headers=auth(pair))
+    await pair.served.get(BASE, headers=auth(pair))
+    assert pair.fast == [BASE, BASE]
+    assert (count("POST", "201"), count("GET", "200")) == (before[0] + 1, before[1] + 1)
