@@ -11,12 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
-import grpc
 import pytest
 
 from libs.db import Database
-from libs.grpc_server import NO_CALLER_AUTH, start_server
-from libs.settings import Settings, WorkerProfile
 from services.notifier.activity import ActivityHub
 from services.notifier.domain import Kind, Notification
 from services.notifier.scheduler_link import CURSOR, EventLogFollower
@@ -24,11 +21,9 @@ from services.notifier.servicer import NotifierServicer
 from services.notifier.store import MIGRATIONS, Frame, LogEvent, NotifierStore
 from services.scheduler.domain import NewTask
 from services.scheduler.engine import Engine
-from services.scheduler.servicer import SchedulerServicer
-from services.scheduler.store import MIGRATIONS as SCHEDULER_MIGRATIONS
-from services.scheduler.store import SchedulerStore
 from taskgate.scheduler.v1 import scheduler_pb2 as spb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as spb_grpc
+from tests.support.scheduler_rpc import served_scheduler
 
 
 class RecordingStore(NotifierStore):
@@ -103,22 +98,8 @@ async def test_a_response_s_events_fill_the_batches_in_order(notifier_db: Databa
 
 @pytest.fixture
 async def scheduler(tmp_path: Path) -> AsyncIterator[tuple[Engine, spb_grpc.SchedulerServiceStub]]:
-    db = Database(f"sqlite:///{tmp_path / 's.db'}", SCHEDULER_MIGRATIONS)
-    db.migrate()
-    settings = Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])})
-    engine = Engine(settings, SchedulerStore(db))
-    servicer = SchedulerServicer(engine)
-    host = await start_server(
-        "127.0.0.1:0",
-        [lambda s: spb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
-        [],
-        security=NO_CALLER_AUTH,
-    )
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{host.port}")
-    yield engine, spb_grpc.SchedulerServiceStub(channel)
-    await channel.close()
-    await host.server.stop(0)
-    db.close()
+    async with served_scheduler(tmp_path) as served:
+        yield served
 
 
 async def test_a_failure_inside_a_response_resumes_from_the_cursor_exactly_once(

@@ -13,39 +13,22 @@ from pathlib import Path
 import grpc
 import pytest
 
-from libs.db import Database
-from libs.grpc_server import NO_CALLER_AUTH, start_server
-from libs.settings import Settings, WorkerProfile
 from services.scheduler import domain
 from services.scheduler.domain import NewTask, State
 from services.scheduler.engine import Engine
 from services.scheduler.events import TaskEvent
-from services.scheduler.servicer import WATCH_BATCH_MAX_BYTES, SchedulerServicer, batch_replies
-from services.scheduler.store import MIGRATIONS, SchedulerStore
+from services.scheduler.servicer import WATCH_BATCH_MAX_BYTES, batch_replies
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.support.scheduler_rpc import served_scheduler
 
 Stack = tuple[Engine, pb_grpc.SchedulerServiceStub]
 
 
 @pytest.fixture
 async def scheduler(tmp_path: Path) -> AsyncIterator[Stack]:
-    db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
-    db.migrate()
-    settings = Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])})
-    engine = Engine(settings, SchedulerStore(db))
-    servicer = SchedulerServicer(engine)
-    host = await start_server(
-        "127.0.0.1:0",
-        [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
-        [],
-        security=NO_CALLER_AUTH,
-    )
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{host.port}")
-    yield engine, pb_grpc.SchedulerServiceStub(channel)
-    await channel.close()
-    await host.server.stop(0)
-    db.close()
+    async with served_scheduler(tmp_path) as served:
+        yield served
 
 
 async def create(engine: Engine, session: str = "s1", instructions: str = "") -> str:
