@@ -15,12 +15,12 @@ import time
 from http import HTTPStatus
 
 import structlog
-from prometheus_client import Histogram
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway_http.errors import status_reason
 from gateway_http.metrics import HTTP_DURATION
+from libs.metrics import Children
 
 log = structlog.get_logger("http")
 
@@ -41,20 +41,15 @@ def request_id_for(scope: Scope) -> str:
     return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
 
 
-# One histogram child per (method, route template, status): ``labels()`` takes a lock and
-# builds its key on every call. The routes are finite, so this stays small.
-_DURATION_CHILDREN: dict[tuple[str, str, int], Histogram] = {}
+# Per (method, route template, status): the routes are finite, so this stays small.
+_DURATIONS = Children(HTTP_DURATION)
 
 
 def _observe(scope: Scope, status: int, start: float) -> None:
     # The route's template, not the path: ids in paths would make a series per task.
     route = scope.get("route")
     template = getattr(route, "path", None) or "unmatched"
-    key = (scope.get("method", ""), template, status)
-    child = _DURATION_CHILDREN.get(key)
-    if child is None:
-        child = _DURATION_CHILDREN[key] = HTTP_DURATION.labels(key[0], template, str(status))
-    child.observe(time.perf_counter() - start)
+    _DURATIONS(scope.get("method", ""), template, str(status)).observe(time.perf_counter() - start)
 
 
 class RequestContextMiddleware:

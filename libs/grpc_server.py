@@ -30,7 +30,7 @@ from libs.db import storage_full
 from libs.errors import DomainError, Unavailable
 from libs.grpc_client import REQUEST_ID_KEY
 from libs.internal_auth import CallerAuth
-from libs.metrics import RPC_DURATION, MetricsEndpoint
+from libs.metrics import RPC_DURATION, Children, MetricsEndpoint
 from libs.settings import Settings
 from libs.startup import StopSignal
 
@@ -117,15 +117,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, auth: CallerAuth | None) -> None:
         self._auth = auth
-        # The RPC_DURATION child of each (method, code): ``labels()`` takes the metric's lock and
-        # builds its key on every call. Bounded: only registered methods reach it, and few codes.
-        self._durations: dict[tuple[str, str], Any] = {}
+        # Per (method, code). Bounded: only registered methods reach it, and few codes.
+        self._durations = Children(RPC_DURATION)
 
     def _observe(self, method: str, code: str, seconds: float) -> None:
-        child = self._durations.get((method, code))
-        if child is None:
-            child = self._durations[(method, code)] = RPC_DURATION.labels(method, code)
-        child.observe(seconds)
+        self._durations(method, code).observe(seconds)
 
     async def intercept_service(
         self,

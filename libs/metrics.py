@@ -14,14 +14,18 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Generic, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 log = structlog.get_logger("metrics")
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 # Latency buckets from sub-millisecond RPCs to long waits (streams are observed over their life).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
@@ -33,6 +37,25 @@ RPC_DURATION = Histogram(
     ["method", "code"],
     buckets=LATENCY_BUCKETS,
 )
+
+
+class Children(Generic[M]):
+    """A labelled metric's children, each made once per label values: prometheus-client's
+    ``labels()`` validates, takes the metric's lock and builds its key on every call, several
+    times the cost of the observation itself. Only for label values that are few and bounded
+    (methods, status codes, states, route templates); two threads making the same child at
+    once get the same one from ``labels()``."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
 
 Fetch = Callable[[], Awaitable[Mapping[tuple[str, ...], float]]]
 

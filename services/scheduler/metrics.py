@@ -8,11 +8,9 @@ watcher count are computed on scrape (``libs.metrics.ScrapeGauge``).
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import Counter, Histogram
 
-from libs.metrics import LATENCY_BUCKETS
+from libs.metrics import LATENCY_BUCKETS, Children
 from services.scheduler.domain import State, Task
 
 TRANSITIONS = Counter(
@@ -37,20 +35,13 @@ class LifecycleMetrics:
 
     def __init__(self) -> None:
         self.queued_since: dict[str, int] = {}  # task id -> ms it became queued
-        # The counter's child per (from, to): ``labels()`` validates, locks and looks it up
-        # on every call, several times the cost of the increment itself.
-        self._transitions: dict[tuple[State | None, State], Any] = {}
+        self._transitions = Children(TRANSITIONS)  # per (from, to)
 
     def published(self, event_type: str, at: int, previous: State | None, task: Task, now_ms: int) -> None:
         if event_type != "task.state_changed":
             return
         if previous != task.state:
-            child = self._transitions.get((previous, task.state))
-            if child is None:
-                child = self._transitions[(previous, task.state)] = TRANSITIONS.labels(
-                    previous.value if previous is not None else "none", task.state.value
-                )
-            child.inc()
+            self._transitions(previous.value if previous is not None else "none", task.state.value).inc()
         if task.state == State.QUEUED:
             self.queued_since[task.task_id] = at
         elif task.state == State.RUNNING and previous == State.QUEUED:

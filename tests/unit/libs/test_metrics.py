@@ -1,4 +1,4 @@
-"""The /metrics endpoint and gauges computed on scrape, over real HTTP."""
+"""The /metrics endpoint, gauges computed on scrape (over real HTTP), and cached metric children."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
-from libs.metrics import MetricsEndpoint, ScrapeGauge
+from libs.metrics import Children, MetricsEndpoint, ScrapeGauge
 from tests.support.procs import free_port
 
 
@@ -57,3 +57,19 @@ async def test_a_scrape_gauge_serves_its_last_values_when_the_loop_does_not_answ
 
     assert await asyncio.to_thread(collect) == 7.0
     assert await asyncio.to_thread(collect) == 7.0, "the failure serves the last value"
+
+
+def test_children_are_made_once_per_label_values_and_count_into_the_metric() -> None:
+    registry = CollectorRegistry()
+    counter = Counter("t_children_total", "test", ["method", "code"], registry=registry)
+    children = Children(counter)
+    assert children("A", "OK") is children("A", "OK")
+    assert children("A", "OK") is not children("A", "ERR")
+    children("A", "OK").inc()
+    children("A", "OK").inc()
+    children("A", "ERR").inc()
+    assert registry.get_sample_value("t_children_total", {"method": "A", "code": "OK"}) == 2
+    assert registry.get_sample_value("t_children_total", {"method": "A", "code": "ERR"}) == 1
+    # A child made through labels() elsewhere is the same series.
+    counter.labels("A", "OK").inc()
+    assert registry.get_sample_value("t_children_total", {"method": "A", "code": "OK"}) == 3
