@@ -110,11 +110,13 @@ async def main() -> None:
             f"scheduler event-log stream, SQLite, {total} events ({TASKS} tasks: queued, cancelled), best of {ROUNDS}"
         )
         await stream_all(stub, total, False)  # warm-up: statement caches, the executor thread
-        follow_log, follow_batches = engine.follow_log, getattr(engine, "follow_log_batches", None)
+        # Today both modes read through follow_log_batches; a checkout before batches has follow_log.
+        follow_log, follow_batches = getattr(engine, "follow_log", None), getattr(engine, "follow_log_batches", None)
         for read in (500, LIVE_READ):
             # Reads of LIVE_READ events: what a busy live stack's reads hold (the follower's
             # own read size is 500, what a catch-up gets).
-            engine.follow_log = functools.partial(follow_log, batch=read)  # type: ignore[method-assign]
+            if follow_log is not None:
+                engine.follow_log = functools.partial(follow_log, batch=read)  # type: ignore[method-assign]
             if follow_batches is not None:
                 engine.follow_log_batches = functools.partial(follow_batches, batch=read)  # type: ignore[method-assign]
             for batch in (False, True) if BATCHES else (False,):

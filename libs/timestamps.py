@@ -33,9 +33,9 @@ def ts(ms: int | None) -> Timestamp | None:
     """A Timestamp for ``ms``; an absent time stays absent (the field is left unset)."""
     if ms is None:
         return None
-    if not MIN_MS <= ms <= MAX_MS:
-        raise ValueError(f"timestamp out of range: {ms} ms")
-    return Timestamp(seconds=ms // 1000, nanos=ms % 1000 * 1_000_000)
+    stamp = Timestamp()
+    set_ts(stamp, ms)
+    return stamp
 
 
 def set_ts(field: Timestamp, ms: int) -> None:

@@ -336,8 +336,5 @@ class Engine:
     def watch_session(self, agent_id: str, session_id: str, on_live: OnLive | None = None) -> AsyncIterator[TaskEvent]:
         return self.watchers.watch_session(agent_id, session_id, on_live)
 
-    def follow_log(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[TaskEvent]:
-        return self.log_follower.follow_log(since, types, batch)
-
     def follow_log_batches(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[list[TaskEvent]]:
         return self.log_follower.follow_batches(since, types, batch)

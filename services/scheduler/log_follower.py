@@ -26,19 +26,14 @@ class LogFollower:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
-    async def follow_log(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[TaskEvent]:
-        """Every stored task event after ``since``, oldest first, then new ones as they commit.
+    async def follow_batches(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[list[TaskEvent]]:
+        """Every stored task event after ``since``, oldest first, then new ones as they commit,
+        one read of the log at a time: the wanted events each read found (never empty), so a
+        caller can send them on together.
 
         Ids skipped on the way (a PostgreSQL transaction that took its id earlier but
         commits later) are looked for again for ``LOG_GAP_WAIT_MS``.
         """
-        async for events in self.follow_batches(since, types, batch):
-            for event in events:
-                yield event
-
-    async def follow_batches(self, since: int, types: set[str], batch: int = 500) -> AsyncIterator[list[TaskEvent]]:
-        """``follow_log`` one read at a time: the wanted events each read of the log found
-        (never empty), so a caller can send them on together."""
         if since < 0:
             raise domain.InvalidArgument("INVALID_CURSOR", "since_sequence must be 0 or more")
         rt = self.rt

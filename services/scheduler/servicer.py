@@ -145,17 +145,15 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             if request.task_id or (request.all_sessions and (request.agent_id or request.session_id)):
                 raise domain.InvalidArgument("INVALID_WATCH", "name a session or all_sessions, not both")
             types = {EVENT_TYPE_FROM_PB[t] for t in request.event_types if t in EVENT_TYPE_FROM_PB}
+            batches = self.engine.follow_log_batches(request.since_sequence, types)
+            if not request.all_sessions:
+                batches = _session_batches(batches, request.agent_id, request.session_id)
             if request.batch:
-                batches = self.engine.follow_log_batches(request.since_sequence, types)
-                if not request.all_sessions:
-                    batches = _session_batches(batches, request.agent_id, request.session_id)
                 async for found in batches:
                     for reply in batch_replies(found, self._now()):
                         yield reply
                 return
-            events = self.engine.follow_log(request.since_sequence, types)
-            if not request.all_sessions:
-                events = self._session_only(events, request.agent_id, request.session_id)
+            events = _one_by_one(batches)
         elif request.batch:
             raise domain.InvalidArgument("INVALID_WATCH", "batch is for the log: set since_sequence")
         elif request.task_id:
@@ -173,16 +171,6 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 event_time=convert.ts(event.at),
                 task=convert.task_to_pb(event.task, self._now()),
             )
-
-    @staticmethod
-    async def _session_only(
-        events: AsyncIterator[TaskEvent], agent_id: str, session_id: str
-    ) -> AsyncIterator[TaskEvent]:
-        domain.validate_id("agentId", agent_id)
-        domain.validate_id("sessionId", session_id)
-        async for event in events:
-            if event.task.agent_id == agent_id and event.task.session_id == session_id:
-                yield event
 
 
 # A batched WatchTasksResponse stays below this (gRPC's default receive limit is 4 MiB);
@@ -217,6 +205,12 @@ def batch_replies(
         size += n
     replies.append(current)
     return replies
+
+
+async def _one_by_one(batches: AsyncIterator[list[TaskEvent]]) -> AsyncIterator[TaskEvent]:
+    async for events in batches:
+        for event in events:
+            yield event
 
 
 async def _session_batches(
