@@ -5,7 +5,8 @@ The scheduler's engine alone on SQLite (no worker runs: the dispatcher is not st
 - create latency (p50/p99 over CREATES tasks) for a shared-workspace profile and for an
   isolated-worktree profile (two `git rev-parse` calls and one `git worktree add` per task);
 - the detail of a root task whose tree holds 2 / 20 / 200 sub-tasks over three levels
-  (``Engine.task_tree``: one indexed query per level, then the evidence aggregated in Python).
+  (``Engine.task_detail``: one trip to the database, one indexed query per level, then the
+  evidence aggregated in Python).
 """
 
 from __future__ import annotations
@@ -95,8 +96,7 @@ async def tree_detail(engine: Engine, size: int) -> list[float]:
     took = []
     for _ in range(DETAIL_CALLS):
         start = time.perf_counter()
-        task, _attempts = await engine.get_task(root.task_id)
-        view = await engine.task_tree(task)
+        _task, _attempts, view = await engine.task_detail(root.task_id)
         took.append((time.perf_counter() - start) * 1000)
     assert view.evidence is not None and len(view.evidence.subagents) == made
     return took

@@ -217,9 +217,9 @@ class Engine:
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         return await self.catalog.get_task(task_id)
 
-    async def task_tree(self, task: Task) -> domain.TreeView:
-        """A task's direct sub-tasks and its tree's evidence (for its detail)."""
-        return await self.subtasks.tree(task)
+    async def task_detail(self, task_id: str) -> tuple[Task, list[Attempt], domain.TreeView]:
+        """A task with its attempts, direct sub-tasks and tree's evidence (its detail)."""
+        return await self.subtasks.detail(task_id)
 
     async def list_tasks(
         self, agent_id: str, session_id: str, page: int, page_size: int, include_finished: bool

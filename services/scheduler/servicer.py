@@ -54,8 +54,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         return pb.CreateTaskResponse(task=convert.task_to_pb(task, self._now()))
 
     async def GetTask(self, request: pb.GetTaskRequest, context: grpc.aio.ServicerContext) -> pb.GetTaskResponse:
-        task, attempts = await self.engine.get_task(request.task_id)
-        tree = await self.engine.task_tree(task)
+        task, attempts, tree = await self.engine.task_detail(request.task_id)
         return pb.GetTaskResponse(task=convert.task_to_pb(task, self._now(), attempts, tree=tree))
 
     async def ListTasks(self, request: pb.ListTasksRequest, context: grpc.aio.ServicerContext) -> pb.ListTasksResponse:

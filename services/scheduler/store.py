@@ -271,6 +271,14 @@ _SELECT_ATTEMPTS = Direct(
     sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.task_id == sa.bindparam("task_id")).order_by(ATTEMPTS.c.number),
     returns=["doc"],
 )
+# One parent's direct sub-tasks, oldest first (``ix_tasks_parent``): a task's detail asks this of
+# every task it shows, nearly always to find none.
+_SELECT_CHILDREN = Direct(
+    sa.select(TASKS.c.doc)
+    .where(TASKS.c.parent_task_id == sa.bindparam("parent_id"))
+    .order_by(TASKS.c.created_at, TASKS.c.task_id),
+    returns=["doc"],
+)
 _EVENT_READ_COLUMNS = ["id", "task_id", "type", "at", "state", "doc", "origin", "task_doc"]
 
 
@@ -366,6 +374,28 @@ def _rows(session: Tx, stmt: Any, params: dict[str, Any] | None = None) -> list[
     if isinstance(stmt, Direct):
         return stmt.rows(session, params or {})
     return list(session.connection().execute(stmt, params or {}).all())
+
+
+def _task_with_attempts(s: Tx, task_id: str) -> tuple[Task, list[Attempt]]:
+    rows = _rows(s, _SELECT_TASK, {"task_id": task_id})
+    if not rows:
+        raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
+    attempts = _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
+    return _task_from_row(rows[0]), [Attempt.model_validate_json(a.doc) for a in attempts]
+
+
+def _children_of(s: Tx, parent_ids: list[str]) -> list[Task]:
+    """The direct sub-tasks of ``parent_ids``, oldest first."""
+    if len(parent_ids) == 1:
+        rows = _rows(s, _SELECT_CHILDREN, {"parent_id": parent_ids[0]})
+    else:
+        rows = _rows(
+            s,
+            sa.select(TASKS.c.doc)
+            .where(TASKS.c.parent_task_id.in_(parent_ids))
+            .order_by(TASKS.c.created_at, TASKS.c.task_id),
+        )
+    return [_task_from_row(r) for r in rows]
 
 
 def _link_continuation(s: Tx, earlier_id: str, task: Task) -> None:
@@ -486,15 +516,23 @@ class SchedulerStore:
         """The direct sub-tasks of ``parent_ids``, oldest first (``ix_tasks_parent``)."""
         if not parent_ids:
             return []
+        return await self._run(lambda s: _children_of(s, parent_ids))
 
-        def work(s: Tx) -> list[Task]:
-            rows = _rows(
-                s,
-                sa.select(TASKS.c.doc)
-                .where(TASKS.c.parent_task_id.in_(parent_ids))
-                .order_by(TASKS.c.created_at, TASKS.c.task_id),
-            )
-            return [_task_from_row(r) for r in rows]
+    async def task_detail(self, task_id: str, depth: int) -> tuple[Task, list[Attempt], list[list[Task]]]:
+        """A task, its attempts and its sub-tasks level by level (at most ``depth`` levels below
+        the first), in one unit: what a task's detail shows, for one trip to the database."""
+
+        def work(s: Tx) -> tuple[Task, list[Attempt], list[list[Task]]]:
+            task, attempts = _task_with_attempts(s, task_id)
+            levels: list[list[Task]] = []
+            parents = [task_id]
+            for _ in range(depth + 1):
+                level = _children_of(s, parents)
+                if not level:
+                    break
+                levels.append(level)
+                parents = [t.task_id for t in level]
+            return task, attempts, levels
 
         return await self._run(work)
 
@@ -1131,14 +1169,7 @@ class SchedulerStore:
         return await self._run(work)
 
     async def task_with_attempts(self, task_id: str) -> tuple[Task, list[Attempt]]:
-        def work(s: Tx) -> tuple[Task, list[Attempt]]:
-            rows = _rows(s, _SELECT_TASK, {"task_id": task_id})
-            if not rows:
-                raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
-            attempts = _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})
-            return _task_from_row(rows[0]), [Attempt.model_validate_json(a.doc) for a in attempts]
-
-        return await self._run(work)
+        return await self._run(lambda s: _task_with_attempts(s, task_id))
 
     async def count_by_state(self) -> dict[str, int]:
         """How many tasks are in each state (the metrics' gauge, computed on scrape)."""

@@ -18,7 +18,7 @@ from libs.ids import ID_PATTERN
 from services.scheduler import domain
 from services.scheduler.catalog import TaskCatalog
 from services.scheduler.dispatch_targets import TargetDispatcher
-from services.scheduler.domain import TERMINAL, NewTask, State, Task
+from services.scheduler.domain import TERMINAL, Attempt, NewTask, State, Task
 from services.scheduler.reports import WorkerReports
 from services.scheduler.runtime import Runtime
 from services.scheduler.stopping import Stopper
@@ -88,18 +88,14 @@ class SubTasks:
 
     # --- trees -----------------------------------------------------------------------
 
-    async def tree(self, task: Task) -> domain.TreeView:
-        """The task's direct sub-tasks and its tree's evidence (one query per level)."""
-        children = await self.rt.store.children_of([task.task_id])
-        descendants = list(children)
-        level = children
-        for _ in range(self.rt.tasks_cfg.max_subtask_depth):
-            if not level:
-                break
-            level = await self.rt.store.children_of([t.task_id for t in level])
-            descendants.extend(level)
+    async def detail(self, task_id: str) -> tuple[Task, list[Attempt], domain.TreeView]:
+        """A task, its attempts, its direct sub-tasks and its tree's evidence (one trip to the
+        database, one query per level of the tree)."""
+        domain.validate_task_id(task_id)
+        task, attempts, levels = await self.rt.store.task_detail(task_id, self.rt.tasks_cfg.max_subtask_depth)
+        descendants = [t for level in levels for t in level]
         evidence = domain.tree_evidence(task, descendants, self.rt.tasks_cfg.observed_paths)
-        return domain.TreeView(children=children, evidence=evidence)
+        return task, attempts, domain.TreeView(children=levels[0] if levels else [], evidence=evidence)
 
     async def cancel(self, task_id: str, cause: str, replaced_by: str | None, wait_s: float) -> Task:
         """Cancel a task; its unfinished sub-tasks (and theirs) are stopped first."""

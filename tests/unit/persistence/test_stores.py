@@ -151,6 +151,29 @@ async def test_attempts_are_saved_and_updated(scheduler_db: Database) -> None:
     assert [(a.attempt_id, a.pid) for a in stored] == [("a" * 32, 42)]
 
 
+async def test_a_task_s_detail_reads_its_attempts_and_its_tree_level_by_level(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db)
+    root, a, b, a1, a1x = ("1" * 32, "2" * 32, "3" * 32, "4" * 32, "5" * 32)
+    await store.create_task(make_task(root))
+    await store.save_attempt(Attempt(attempt_id="a" * 32, task_id=root, number=1, boot_id="b", token_hash="h" * 64))
+    # b is created before a: each level comes oldest first, whatever the ids say.
+    await store.create_task(make_task(b, created_at=1001, parent_task_id=root, root_task_id=root, depth=1))
+    await store.create_task(make_task(a, created_at=1002, parent_task_id=root, root_task_id=root, depth=1))
+    await store.create_task(make_task(a1, created_at=1003, parent_task_id=a, root_task_id=root, depth=2))
+    await store.create_task(make_task(a1x, created_at=1004, parent_task_id=a1, root_task_id=root, depth=3))
+
+    task, attempts, levels = await store.task_detail(root, depth=5)
+    assert task.task_id == root and [x.number for x in attempts] == [1]
+    assert [[t.task_id for t in level] for level in levels] == [[b, a], [a1], [a1x]]
+    # At most depth + 1 levels below the task: the last one is never read.
+    _, _, levels = await store.task_detail(root, depth=1)
+    assert [[t.task_id for t in level] for level in levels] == [[b, a], [a1]]
+    # A leaf has no levels; an unknown task is TASK_NOT_FOUND.
+    assert (await store.task_detail(a1x, depth=5))[2] == []
+    with pytest.raises(Exception, match="no task"):
+        await store.task_detail("6" * 32, depth=5)
+
+
 async def test_a_row_written_by_an_older_version_still_reads(scheduler_db: Database) -> None:
     old_doc = {
         "task_id": "9" * 32,
