@@ -9,7 +9,9 @@ request per wake-up spends more per request than one that answers many. Hence tw
 unthrottled, and the scheduler answering after 200 ms (about 75 creates/s with 16 in flight,
 the rate of the full system today).
 
-Run: .venv/bin/python bench/bench_gateway_cpu.py [--n 1000]   (or `make bench`)
+Run: .venv/bin/python bench/bench_gateway_cpu.py [--n 1000] [--postgres]   (or `make bench`)
+  --postgres: the gateway's database on a throwaway PostgreSQL 15 cluster (as with several
+  scheduler hosts) instead of SQLite.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from bench.lean_http import LeanClient  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
+from tests.support.postgres import fresh_database, start_postgres  # noqa: E402
 from tests.support.procs import ServiceProcess  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 
@@ -73,9 +76,13 @@ async def wait_listening(port: int) -> None:
     raise TimeoutError("the gateway did not start listening")
 
 
-async def main(n: int) -> None:
+async def main(n: int, postgres: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         stack = make_stack(Path(tmp))
+        stop_postgres = None
+        if postgres:
+            pg_url, stop_postgres = start_postgres(Path(tmp) / "pg")
+            stack.env["TASKGATE_GATEWAY_DB_URL"] = fresh_database(pg_url, "bench_gateway")
         canned = CannedScheduler()
         server = grpc.aio.server()
         pb_grpc.add_SchedulerServiceServicer_to_server(canned, server)
@@ -95,7 +102,10 @@ async def main(n: int) -> None:
                 await client.repeat(create, 200, expect=201)  # warm-up: connections, caches
                 await client.repeat(poll, 200, expect=200)
                 load = os.getloadavg()[0]
-                print(f"gateway CPU per REST call (real gateway process, canned scheduler; load {load:.2f})")
+                database = "PostgreSQL" if postgres else "SQLite"
+                print(
+                    f"gateway CPU per REST call (real gateway process on {database}, canned scheduler; load {load:.2f})"
+                )
                 for label, request, code, delay_s, count in (
                     ("POST .../tasks, unthrottled", create, 201, 0.0, n),
                     ("POST .../tasks, scheduler answers in 200 ms", create, 201, 0.2, max(n // 3, 16)),
@@ -111,13 +121,19 @@ async def main(n: int) -> None:
                         f"  {label:<46} gateway {gateway_ms:5.2f} ms  client {client_ms:5.2f} ms  "
                         f"({count / elapsed:6.0f} req/s, N={count}, 16 in flight)"
                     )
-            print(f"  reproduce: .venv/bin/python bench/bench_gateway_cpu.py --n {n}")
+            print(
+                f"  reproduce: .venv/bin/python bench/bench_gateway_cpu.py --n {n}{' --postgres' if postgres else ''}"
+            )
         finally:
             gateway.stop()
             await server.stop(0)
+            if stop_postgres is not None:
+                stop_postgres()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=1000)
-    asyncio.run(main(parser.parse_args().n))
+    parser.add_argument("--postgres", action="store_true", help="the gateway's database on PostgreSQL")
+    args = parser.parse_args()
+    asyncio.run(main(args.n, args.postgres))

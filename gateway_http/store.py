@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import BigInteger
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from gateway_http.access_cache import AccessCache, probe_for
+from gateway_http.access_cache import ACCESS_CHANNEL, AccessCache, probe_for
 from libs.db import Database, Migration
 
 KEY_PREFIX = "tg_"
@@ -56,6 +56,22 @@ MIGRATIONS = [
             " agent_id VARCHAR(128) NOT NULL, target VARCHAR(128) NOT NULL, assigned_at BIGINT NOT NULL,"
             " PRIMARY KEY (agent_id, target))",
         ],
+    ),
+    Migration(
+        4,
+        "access change notifications (PostgreSQL)",
+        [
+            # Whoever changes a key or a membership (the operator CLI, plain SQL), every gateway
+            # hears of it at commit and forgets what it remembered (gateway_http/access_cache.py).
+            "CREATE FUNCTION taskgate_access_changed() RETURNS trigger LANGUAGE plpgsql AS"
+            f" $$ BEGIN PERFORM pg_notify('{ACCESS_CHANNEL}', TG_TABLE_NAME); RETURN NULL; END $$",
+            *(
+                f"CREATE TRIGGER {table}_access_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON {table}"
+                " FOR EACH STATEMENT EXECUTE FUNCTION taskgate_access_changed()"
+                for table in ("api_keys", "memberships")
+            ),
+        ],
+        dialects=("postgresql",),
     ),
 ]
 

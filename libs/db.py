@@ -40,10 +40,19 @@ class Migration:
     name: str
     # Portable DDL: runs on SQLite and PostgreSQL; {ID_PK} is an auto-increasing key.
     statements: Sequence[str]
+    # The dialects the statements are for (None: all). Elsewhere the version is recorded with
+    # nothing run, so a database's version says the same on every dialect.
+    dialects: tuple[str, ...] | None = None
 
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
+
+
+def libpq_url(url: str) -> str:
+    """A SQLAlchemy PostgreSQL URL as libpq takes it (no ``+driver``)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme.split('+', 1)[0]}://{rest}"
 
 
 def make_engine(url: str) -> Engine:
@@ -100,7 +109,7 @@ def migrate(engine: Engine, migrations: Sequence[Migration]) -> list[int]:
         for m in migrations:
             if m.version in done:
                 continue
-            for stmt in m.statements:
+            for stmt in m.statements if m.dialects is None or engine.dialect.name in m.dialects else ():
                 for word, replacement in DIALECT_WORDS.get(engine.dialect.name, {}).items():
                     stmt = stmt.replace("{" + word + "}", replacement)
                 conn.execute(text(stmt))

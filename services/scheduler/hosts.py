@@ -25,6 +25,7 @@ from pathlib import Path
 
 import structlog
 
+from libs.db import libpq_url
 from services.scheduler import domain
 from services.scheduler.domain import HostSummary, Task
 from services.scheduler.runtime import Runtime
@@ -43,12 +44,6 @@ def default_host_id(hostname: str, data_dir: Path) -> str:
 
 def resolve_host_id(configured: str, data_dir: Path) -> str:
     return configured or default_host_id(socket.gethostname(), data_dir)
-
-
-def libpq_url(url: str) -> str:
-    """The SQLAlchemy URL as libpq takes it (no ``+driver``)."""
-    scheme, rest = url.split("://", 1)
-    return f"{scheme.split('+', 1)[0]}://{rest}"
 
 
 class HostIdInUse(Exception):

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -268,3 +269,44 @@ def test_a_watch_on_one_replica_sees_changes_made_by_another(stack_of: Any) -> N
                     break
         stream.cancel()
     assert seen[0] == pb.TASK_STATE_QUEUED and seen[-1] == pb.TASK_STATE_CANCELLED, seen
+
+
+def test_the_gateway_on_postgresql_remembers_keys_and_hears_the_cli_s_changes(stack_of: Any) -> None:
+    """The gateway's key and membership memory on PostgreSQL: it listens for the tables'
+    notifications, and a membership removed or a key revoked with the CLI is refused as soon as
+    the notification is in (asked again for at most 5 s: the CLI's commit and the notification
+    reach the gateway on two connections)."""
+    from tests.e2e.conftest import Api, add_member, run_cli
+
+    stack = stack_of(1, max_running=1)
+    with psycopg.connect(stack.env["TASKGATE_GATEWAY_DB_URL"], autocommit=True) as gateway_db:
+        created = run_cli(stack, "admin", "keys", "create", "--principal", "rita", "--agent", "agent-1")
+        assert created.returncode == 0, created.stderr
+        key_id = created.stdout.split("key id:")[1].split()[0]
+        rita = Api(stack, created.stdout.strip().splitlines()[-1], agent="agent-1", session="pg-access")
+        add_member(stack, "agent-1", "pg-access", "rita")
+        for _ in range(3):
+            assert rita.request("GET", "/tasks?page_size=1").status_code == 200
+        listening = gateway_db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
+            ("LISTEN taskgate_access",),
+        ).fetchone()
+        assert listening is not None and listening[0] == 1  # the gateway's listener
+
+    def answer_within(path: str, status: int) -> httpx.Response:
+        deadline = time.monotonic() + 5
+        while (response := rita.request("GET", path)).status_code != status and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return response
+
+    removed = run_cli(
+        stack, "admin", "members", "remove", "--agent", "agent-1", "--session", "pg-access", "--principal", "rita"
+    )
+    assert removed.returncode == 0, removed.stderr
+    refused = answer_within("/tasks?page_size=1", 403)
+    assert refused.status_code == 403 and refused.json()["error"] == "NOT_A_MEMBER", refused.text
+    add_member(stack, "agent-1", "pg-access", "rita")
+    assert answer_within("/tasks?page_size=1", 200).status_code == 200
+    assert run_cli(stack, "admin", "keys", "revoke", key_id).returncode == 0
+    revoked = answer_within("/tasks?page_size=1", 401)
+    assert revoked.status_code == 401 and revoked.json()["error"] == "UNAUTHENTICATED", revoked.text

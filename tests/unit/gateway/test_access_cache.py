@@ -1,18 +1,23 @@
 """The gateway's memory of verified keys and memberships: it spares the database on every
-request, yet a change committed by another connection (the operator CLI) counts at once."""
+request, yet a change committed by another connection (the operator CLI) counts at once — on
+SQLite through its data version, on PostgreSQL through the tables' notifications."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
-from gateway_http.access_cache import AccessCache, DataVersionProbe, probe_for
+from gateway_http.access_cache import AccessCache, DataVersionProbe, NotifyProbe, probe_for
 from gateway_http.store import MIGRATIONS, GatewayStore, hash_key
-from libs.db import Database
+from libs.db import Database, libpq_url
+from tests.support.postgres import fresh_database
 from tests.unit.gateway.conftest import Gateway
 
 
@@ -151,7 +156,82 @@ def test_a_probe_that_cannot_tell_disables_the_memory() -> None:
     assert cache.ticket() is None and cache.key("h") is None
 
 
-def test_only_a_sqlite_file_has_a_probe(tmp_path: Path) -> None:
-    assert probe_for("postgresql://u@localhost/db") is None
+def test_a_sqlite_file_and_postgresql_have_a_probe(tmp_path: Path) -> None:
     assert probe_for("sqlite:///:memory:") is None
     assert isinstance(probe_for(f"sqlite:///{tmp_path}/g.db"), DataVersionProbe)
+    probe = probe_for("postgresql+psycopg://u@localhost/db")
+    assert isinstance(probe, NotifyProbe) and probe.url == "postgresql://u@localhost/db"
+    probe.close()  # nothing was connected: it connects on its first use
+
+
+# --- PostgreSQL: notifications --------------------------------------------------------
+
+
+@pytest.fixture
+def pg_db(postgres_url: str) -> Iterator[CountingDatabase]:
+    database = CountingDatabase(fresh_database(postgres_url, "access"))
+    database.migrate()
+    yield database
+    database.close()
+
+
+async def eventually(check: Callable[[], Any], timeout_s: float = 10.0) -> Any:
+    """``check()``'s first truthy answer, asked on the event loop until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (answer := check()):
+        assert time.monotonic() < deadline, "not within the time allowed"
+        await asyncio.sleep(0.01)
+    return answer
+
+
+def pg_execute(db: Database, sql: str, *params: object) -> None:
+    """What the operator CLI is to the gateway: another connection, committing at once."""
+    with psycopg.connect(libpq_url(db.url), autocommit=True) as conn:
+        conn.execute(sql, params)  # type: ignore[arg-type]
+
+
+async def test_on_postgresql_a_revocation_counts_once_its_notification_has_arrived(
+    pg_db: CountingDatabase,
+) -> None:
+    store = GatewayStore(pg_db)
+    key_id, secret = new_key(store)
+    assert store.cache.ticket() is None  # not listening yet: nothing is remembered meanwhile
+    assert await store.authenticate(secret) is not None
+    assert not store.cache._keys.entries
+    ticket = await eventually(store.cache.ticket)  # the listener is connected
+    assert await store.authenticate(secret) is not None and await store.member("agent-1", "cli-1", "dana")
+    reads = pg_db.reads
+    for _ in range(3):
+        assert await store.authenticate(secret) is not None and await store.member("agent-1", "cli-1", "dana")
+    assert pg_db.reads == reads
+
+    pg_execute(pg_db, "UPDATE api_keys SET revoked_at = 1 WHERE key_id = %s", key_id)
+    await eventually(lambda: store.cache.ticket() != ticket)
+    assert await store.authenticate(secret) is None
+    # A removed membership, the same way; a change to another table forgets nothing.
+    ticket = store.cache.ticket()
+    pg_execute(pg_db, "INSERT INTO channel_bindings VALUES ('tg', '1', '', 'agent-1', 'cli-1', 0)")
+    pg_execute(pg_db, "DELETE FROM memberships WHERE session_id = 'cli-1'")
+    await eventually(lambda: store.cache.ticket() != ticket)
+    assert store.cache.ticket() == ticket + 1  # one notification: the membership's
+    assert not await store.member("agent-1", "cli-1", "dana")
+    store.close()
+
+
+async def test_on_postgresql_a_lost_listener_disables_the_memory_until_it_is_back(pg_db: CountingDatabase) -> None:
+    store = GatewayStore(pg_db)
+    _, secret = new_key(store)
+    probe = store.cache.probe
+    assert isinstance(probe, NotifyProbe)
+    ticket = await eventually(store.cache.ticket)
+    assert await store.authenticate(secret) is not None and store.cache._keys.entries
+    listener_pid = probe._conn.info.backend_pid
+    pg_execute(pg_db, "SELECT pg_terminate_backend(%s)", listener_pid)
+    # Until a new connection listens, every call reads the database.
+    assert await eventually(lambda: store.cache.ticket() is None)
+    reads = pg_db.reads
+    assert await store.authenticate(secret) is not None and pg_db.reads == reads + 1
+    later = await eventually(store.cache.ticket)
+    assert later != ticket and not store.cache._keys.entries  # what it remembered before is gone
+    assert probe._conn.info.backend_pid != listener_pid
+    store.close()
