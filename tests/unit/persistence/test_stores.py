@@ -500,7 +500,54 @@ async def test_a_unit_that_fails_after_writing_rolls_back_alone_in_a_shared_tran
         *(store.group.run(retitle(t, fail=i == 3)) for i, t in enumerate(ids)), return_exceptions=True
     )
     assert store.group.transactions - before == 1, "one transaction for the whole burst"
+    # PostgreSQL ran the burst without savepoints first, then again with each unit isolated.
+    assert store.group.reruns == (1 if store.postgres else 0)
     assert isinstance(results[3], RuntimeError)
     assert [r for i, r in enumerate(results) if i != 3] == [t for i, t in enumerate(ids) if i != 3]
     titles = {t: (await store.get_task(t)).title for t in ids}
     assert titles == {t: ("t" if i == 3 else "renamed") for i, t in enumerate(ids)}
+
+
+def test_an_optimistic_batch_takes_no_savepoint_and_a_failing_unit_sends_it_round_again() -> None:
+    """The mechanism alone, on a recording driver: isolated units each get a savepoint (one
+    that fails is rolled back to it); optimistic units get none, and one failing unit makes the
+    whole run give up, to be run again isolated."""
+    from services.scheduler.group_commit import Tx, _Isolate, _run_units
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.sql: list[str] = []
+
+        def execute(self, sql: str, *_: object) -> None:
+            self.sql.append(sql)
+
+    class Conn:
+        def __init__(self) -> None:
+            self.connection = type("C", (), {"driver_connection": Recorder()})()
+
+    def unit(name: str, fail: bool = False) -> Callable[[Tx], str]:
+        def run(tx: Tx) -> str:
+            tx.driver.execute(name)
+            if fail:
+                raise ValueError(name)
+            return name
+
+        return run
+
+    conn = Conn()
+    outcomes = _run_units(conn, units=[unit("a"), unit("b")], isolate=False)  # type: ignore[arg-type]
+    assert outcomes == [(True, "a"), (True, "b")] and conn.connection.driver_connection.sql == ["a", "b"]
+
+    conn = Conn()
+    with pytest.raises(_Isolate):
+        _run_units(conn, units=[unit("a"), unit("b", fail=True), unit("c")], isolate=False)  # type: ignore[arg-type]
+    assert conn.connection.driver_connection.sql == ["a", "b"]  # c never ran: the run was given up
+
+    conn = Conn()
+    outcomes = _run_units(conn, units=[unit("a"), unit("b", fail=True), unit("c")], isolate=True)  # type: ignore[arg-type]
+    assert [ok for ok, _ in outcomes] == [True, False, True]
+    assert conn.connection.driver_connection.sql == [
+        "SAVEPOINT unit", "a", "RELEASE SAVEPOINT unit",
+        "SAVEPOINT unit", "b", "ROLLBACK TO SAVEPOINT unit", "RELEASE SAVEPOINT unit",
+        "SAVEPOINT unit", "c", "RELEASE SAVEPOINT unit",
+    ]  # fmt: skip
