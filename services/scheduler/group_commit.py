@@ -33,6 +33,7 @@ from sqlalchemy import Connection
 from sqlalchemy.sql import ClauseElement
 
 from libs.db import Database
+from services.scheduler.metrics import BATCH_RERUNS, BATCHES
 
 T = TypeVar("T")
 
@@ -139,6 +140,7 @@ class GroupCommit:
                     outcomes = await self.db.run_connection(functools.partial(run, isolate=not self.optimistic))
                 except _Isolate:  # a unit failed in the optimistic run: nothing of it committed
                     self.reruns += 1
+                    BATCH_RERUNS.inc()
                     outcomes = await self.db.run_connection(functools.partial(run, isolate=True))
             except _Failed as failed:  # a lone unit's own error, rolled back
                 if not batch[0][1].done():
@@ -152,6 +154,7 @@ class GroupCommit:
                     raise
                 continue
             self.transactions += 1
+            BATCHES.inc()
             for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
                 if future.done():
                     continue

@@ -23,6 +23,14 @@ LAUNCH_LATENCY = Histogram(
     "From a task becoming queued to its worker committed running (queue wait + spawn + identity + commit)",
     buckets=LATENCY_BUCKETS,
 )
+BATCHES = Counter(
+    "taskgate_group_commit_batches_total",
+    "Group-commit transactions of the scheduler's store that committed (one or more units each)",
+)
+BATCH_RERUNS = Counter(
+    "taskgate_group_commit_reruns_total",
+    "Batches run without savepoints (PostgreSQL) in which a unit failed, run again with each unit isolated",
+)
 QUEUE_WAIT = Histogram(
     "taskgate_task_queue_wait_seconds",
     "From a task becoming queued to the dispatcher starting its launch (waiting for a slot)",

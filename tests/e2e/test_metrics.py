@@ -25,6 +25,8 @@ EXPECTED = {
         "taskgate_task_launch_latency_seconds",
         "taskgate_task_queue_wait_seconds",
         "taskgate_task_watchers",
+        "taskgate_group_commit_batches",
+        "taskgate_group_commit_reruns",
         "taskgate_rpc_duration_seconds",
     },
     "pending": {

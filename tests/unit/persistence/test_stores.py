@@ -476,14 +476,20 @@ async def test_a_unit_that_fails_after_writing_rolls_back_alone_in_a_shared_tran
     whole: one that wrote and then failed leaves nothing, the others all commit."""
     import asyncio
 
+    from prometheus_client import REGISTRY
+
     from services.scheduler.group_commit import Tx
     from services.scheduler.store import _write_task
+
+    def counted(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
 
     store = SchedulerStore(scheduler_db)
     ids = [f"{i:032x}" for i in range(1, 9)]
     for task_id in ids:
         await store.create_task(make_task(task_id))
     before = store.group.transactions
+    batches, reruns = counted("taskgate_group_commit_batches_total"), counted("taskgate_group_commit_reruns_total")
 
     def retitle(task_id: str, fail: bool) -> Callable[[Tx], str]:
         def unit(tx: Tx) -> str:
@@ -502,6 +508,8 @@ async def test_a_unit_that_fails_after_writing_rolls_back_alone_in_a_shared_tran
     assert store.group.transactions - before == 1, "one transaction for the whole burst"
     # PostgreSQL ran the burst without savepoints first, then again with each unit isolated.
     assert store.group.reruns == (1 if store.postgres else 0)
+    assert counted("taskgate_group_commit_batches_total") == batches + 1
+    assert counted("taskgate_group_commit_reruns_total") == reruns + store.group.reruns
     assert isinstance(results[3], RuntimeError)
     assert [r for i, r in enumerate(results) if i != 3] == [t for i, t in enumerate(ids) if i != 3]
     titles = {t: (await store.get_task(t)).title for t in ids}
