@@ -9,8 +9,8 @@ Reads are the follower's own (up to 500 events each, as after a notifier restart
 live stack a busy read holds ~20 events (see services/scheduler/log_follower.py).
 
 Run: .venv/bin/python bench/bench_event_stream.py   (or `make bench`)
-     TASKGATE_REPO=/path/to/checkout ... measures another checkout (the unbatched mode and
-     the conversion, when it has no batches) for a before/after.
+(The README's "before" figures came from a checkout before batches; this version needs
+``tests/support/scheduler_rpc.py`` and the batched log reads, so it measures this checkout only.)
 """
 
 from __future__ import annotations
@@ -23,28 +23,19 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.environ.get("TASKGATE_REPO") or str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import grpc  # noqa: E402
 
-from libs.db import Database  # noqa: E402
-from libs.grpc_server import NO_CALLER_AUTH, start_server  # noqa: E402
 from libs.log import configure_logging  # noqa: E402
-from libs.settings import Settings, WorkerProfile  # noqa: E402
 from services.scheduler import convert  # noqa: E402
-from services.scheduler import servicer as servicer_module  # noqa: E402
 from services.scheduler.domain import NewTask  # noqa: E402
-from services.scheduler.engine import Engine  # noqa: E402
-from services.scheduler.servicer import SchedulerServicer  # noqa: E402
-from services.scheduler.store import MIGRATIONS, SchedulerStore  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
+from tests.support.scheduler_rpc import served_scheduler  # noqa: E402
 
 TASKS = 1000
 LIVE_READ = 22
 ROUNDS = 3
-# A checkout before batches (TASKGATE_REPO) has no batch_replies: only the unbatched mode.
-BATCHES = hasattr(servicer_module, "batch_replies")
 
 
 def quiet_json_logs() -> None:
@@ -77,59 +68,41 @@ async def stream_all(stub: pb_grpc.SchedulerServiceStub, total: int, batch: bool
 async def main() -> None:
     quiet_json_logs()
     with tempfile.TemporaryDirectory() as tmp:
-        db = Database(f"sqlite:///{Path(tmp) / 's.db'}", MIGRATIONS)
-        db.migrate()
-        settings = Settings(data_dir=Path(tmp), workers={"true": WorkerProfile(command=["true"])})
-        engine = Engine(settings, SchedulerStore(db))
-        tasks = []
-        for i in range(TASKS):
-            task = await engine.create_task(
-                NewTask(
-                    agent_id="agent-1",
-                    session_id=f"cli-{i % 10}",
-                    title="b",
-                    instructions="",
-                    profile="true",
-                    request_id=None,
-                    harness=None,
-                    harness_model=None,
+        async with served_scheduler(Path(tmp), profile="true") as (engine, stub):
+            tasks = []
+            for i in range(TASKS):
+                task = await engine.create_task(
+                    NewTask(
+                        agent_id="agent-1",
+                        session_id=f"cli-{i % 10}",
+                        title="b",
+                        instructions="",
+                        profile="true",
+                        request_id=None,
+                        harness=None,
+                        harness_model=None,
+                    )
                 )
+                tasks.append(await engine.cancel(task.task_id))
+            total = 2 * TASKS
+            print(
+                f"scheduler event-log stream, SQLite, {total} events ({TASKS} tasks: queued, cancelled),"
+                f" best of {ROUNDS}"
             )
-            tasks.append(await engine.cancel(task.task_id))
-        total = 2 * TASKS
-        servicer = SchedulerServicer(engine)
-        host = await start_server(
-            "127.0.0.1:0",
-            [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
-            [],
-            security=NO_CALLER_AUTH,
-        )
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{host.port}")
-        stub = pb_grpc.SchedulerServiceStub(channel)
-        print(
-            f"scheduler event-log stream, SQLite, {total} events ({TASKS} tasks: queued, cancelled), best of {ROUNDS}"
-        )
-        await stream_all(stub, total, False)  # warm-up: statement caches, the executor thread
-        # Today both modes read through follow_log_batches; a checkout before batches has follow_log.
-        follow_log, follow_batches = getattr(engine, "follow_log", None), getattr(engine, "follow_log_batches", None)
-        for read in (500, LIVE_READ):
-            # Reads of LIVE_READ events: what a busy live stack's reads hold (the follower's
-            # own read size is 500, what a catch-up gets).
-            if follow_log is not None:
-                engine.follow_log = functools.partial(follow_log, batch=read)  # type: ignore[method-assign]
-            if follow_batches is not None:
+            await stream_all(stub, total, False)  # warm-up: statement caches, the executor thread
+            follow_batches = engine.follow_log_batches  # both modes read through it
+            for read in (500, LIVE_READ):
+                # Reads of LIVE_READ events: what a busy live stack's reads hold (the follower's
+                # own read size is 500, what a catch-up gets).
                 engine.follow_log_batches = functools.partial(follow_batches, batch=read)  # type: ignore[method-assign]
-            for batch in (False, True) if BATCHES else (False,):
-                best = min([await stream_all(stub, total, batch) for _ in range(ROUNDS)])
-                cpu, wall, replies = best
-                label = ("batched" if batch else "one response per event") + f", reads of {read}"
-                print(
-                    f"  {label:36s} {1e6 * cpu / total:7.1f} us CPU/event (server+client)"
-                    f"  {total / wall:8.0f} events/s  {replies} responses"
-                )
-        await channel.close()
-        await host.server.stop(0)
-        db.close()
+                for batch in (False, True):
+                    best = min([await stream_all(stub, total, batch) for _ in range(ROUNDS)])
+                    cpu, wall, replies = best
+                    label = ("batched" if batch else "one response per event") + f", reads of {read}"
+                    print(
+                        f"  {label:36s} {1e6 * cpu / total:7.1f} us CPU/event (server+client)"
+                        f"  {total / wall:8.0f} events/s  {replies} responses"
+                    )
     now = tasks[-1].updated_at
     n = 20_000
     for label, task in (("a cancelled queued task", tasks[-1]),):

@@ -20,11 +20,12 @@ ServedScheduler = tuple[Engine, pb_grpc.SchedulerServiceStub]
 
 
 @asynccontextmanager
-async def served_scheduler(data_dir: Path) -> AsyncIterator[ServedScheduler]:
-    """An engine (one `true` worker profile, nothing dispatching) and a stub calling its servicer."""
+async def served_scheduler(data_dir: Path, profile: str = "w") -> AsyncIterator[ServedScheduler]:
+    """An engine (one worker profile ``profile`` running `true`, nothing dispatching) and a stub
+    calling its servicer (also the event-stream benchmark's server)."""
     db = Database(f"sqlite:///{data_dir / 's.db'}", MIGRATIONS)
     db.migrate()
-    settings = Settings(data_dir=data_dir, workers={"w": WorkerProfile(command=["true"])})
+    settings = Settings(data_dir=data_dir, workers={profile: WorkerProfile(command=["true"])})
     engine = Engine(settings, SchedulerStore(db))
     servicer = SchedulerServicer(engine)
     host = await start_server(
