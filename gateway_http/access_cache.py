@@ -40,6 +40,7 @@ V = TypeVar("V")
 ACCESS_CHANNEL = "taskgate_access"
 RECONNECT_MIN_S = 0.5
 RECONNECT_MAX_S = 10.0
+CONNECTION_OK = 0  # libpq's CONNECTION_OK (psycopg.pq.ConnStatus.OK; psycopg is imported only on PostgreSQL)
 
 
 class Probe(Protocol):
@@ -116,7 +117,7 @@ class NotifyProbe:
             pgconn.consume_input()
             while pgconn.notifies() is not None:
                 self._generation += 1
-            if pgconn.status != 0:  # CONNECTION_OK
+            if pgconn.status != CONNECTION_OK:
                 raise ConnectionError(f"the connection's status is {pgconn.status}")
         except Exception as exc:  # the server or the network dropped it: cache nothing meanwhile
             log.warning("access_listener_lost", error=repr(exc))

@@ -157,6 +157,11 @@ def test_a_probe_that_cannot_tell_disables_the_memory() -> None:
 
 
 def test_a_sqlite_file_and_postgresql_have_a_probe(tmp_path: Path) -> None:
+    from psycopg import pq
+
+    from gateway_http.access_cache import CONNECTION_OK
+
+    assert CONNECTION_OK == pq.ConnStatus.OK
     assert probe_for("sqlite:///:memory:") is None
     assert isinstance(probe_for(f"sqlite:///{tmp_path}/g.db"), DataVersionProbe)
     probe = probe_for("postgresql+psycopg://u@localhost/db")
