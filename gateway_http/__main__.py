@@ -13,7 +13,7 @@ from gateway_http.store import MIGRATIONS, GatewayStore
 from libs.db import Database
 from libs.log import get_logger
 from libs.metrics import MetricsEndpoint
-from libs.startup import boot, migrate
+from libs.startup import boot, migrate, settle_heap
 
 
 async def main() -> None:
@@ -34,6 +34,7 @@ async def main() -> None:
         timeout_graceful_shutdown=5,
     )
     metrics = MetricsEndpoint.start(settings.metrics_host, settings.gateway_metrics_port)
+    settle_heap()  # the application is built; what uvicorn's start-up adds is small
     try:
         await uvicorn.Server(config).serve()
     finally:

@@ -32,7 +32,7 @@ from libs.grpc_client import REQUEST_ID_KEY
 from libs.internal_auth import CallerAuth
 from libs.metrics import RPC_DURATION, Children, MetricsEndpoint
 from libs.settings import Settings
-from libs.startup import StopSignal
+from libs.startup import StopSignal, settle_heap
 
 log = structlog.get_logger("grpc")
 
@@ -361,16 +361,19 @@ async def serve(
     on_stopping: Callable[[], Awaitable[None]] | None = None,
     grace: float = 5.0,
     metrics_port: int = 0,
+    process: bool = False,
 ) -> None:
     """Run a service until SIGTERM/SIGINT, then shut it down gracefully.
 
     Health says SERVING only once ``on_started`` (recovery and the like) is done;
     a stop signal that arrived during start-up is honoured right after it.
     ``metrics_port`` (0 = none) serves Prometheus metrics on ``settings.metrics_host``.
+    ``process``: this service is the whole process (its ``__main__``), so once started its
+    heap is settled (``libs.startup.settle_heap``); an in-process server in a test is not.
     """
     metrics = MetricsEndpoint.start(settings.metrics_host, metrics_port)
     try:
-        await _serve(addr, settings, stop, registrars, service_names, on_started, on_stopping, grace)
+        await _serve(addr, settings, stop, registrars, service_names, on_started, on_stopping, grace, process)
     finally:
         if metrics is not None:
             await metrics.stop()
@@ -385,6 +388,7 @@ async def _serve(
     on_started: Callable[[], Awaitable[None]] | None,
     on_stopping: Callable[[], Awaitable[None]] | None,
     grace: float,
+    process: bool,
 ) -> None:
     host = await start_server(
         addr, registrars, service_names, security=ServerSecurity.from_settings(settings), ready=False
@@ -392,6 +396,8 @@ async def _serve(
     log.info("listening", addr=addr, port=host.port, tls=settings.tls_cert_file is not None)
     if on_started and not stop.requested:
         await on_started()
+    if process:
+        settle_heap()
     if not stop.requested:
         await host.set_serving()
         log.info("serving", addr=addr, port=host.port)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -45,6 +46,28 @@ def secure_data_dir(data_dir: Path) -> None:
                 os.chmod(path, 0o700)
         except FileNotFoundError:
             pass  # another service's file that just went away (a WAL checkpoint)
+
+
+# The youngest generation is collected after this many net allocations of container objects
+# (CPython's default: 700). A service's bursts (a batch of rows, a gRPC message's conversion)
+# crossed 700 about 190 times per 1,000 tasks in the scheduler; at 10,000 a couple of times.
+YOUNG_GENERATION_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Once a service has started: leave what start-up built out of garbage collection.
+
+    The modules, settings and servers a process builds at start-up live until it exits,
+    yet each full collection walked all of them (≈ 90,000 objects, 40-60 ms with the
+    event loop stopped, two or three times per 1,000 tasks in the scheduler). After
+    ``gc.freeze()`` a collection walks only what was made since; garbage made at
+    start-up is collected first so it is not kept for good. Measured in the scheduler
+    over an N=1000 throughput run: 165 ms of collections before, 71 ms with the freeze,
+    6 ms with the freeze and the higher threshold below.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, 20, 20)
 
 
 async def migrate(db: Database) -> None:

@@ -86,6 +86,7 @@ async def main() -> None:
             on_started=started,
             on_stopping=stopping,
             metrics_port=settings.notifier_metrics_port,
+            process=True,
         )
     finally:
         await http.aclose()

@@ -40,6 +40,7 @@ async def main() -> None:
             service_names=registry.service_names,
             on_stopping=registry.stop,
             metrics_port=settings.pending_metrics_port,
+            process=True,
         )
     finally:
         registry.db.close()

@@ -102,6 +102,7 @@ async def main() -> None:
             on_started=started,
             on_stopping=stopping,
             metrics_port=settings.scheduler_metrics_port,
+            process=True,
         )
     finally:
         db.close()

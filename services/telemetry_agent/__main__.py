@@ -39,6 +39,7 @@ async def main() -> None:
         on_started=agent.start,
         on_stopping=agent.stop,
         metrics_port=settings.telemetry_metrics_port,
+        process=True,
     )
 
 
