@@ -9,11 +9,12 @@ import grpc
 from fastapi import Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway_http.create_batches import CreateBatches
 from libs.grpc_client import REQUEST_ID_KEY, ClientSecurity, aio_channel
 from libs.settings import Settings
 from taskgate.notifier.v1 import notifier_pb2_grpc
 from taskgate.pending.v1 import pending_pb2_grpc
-from taskgate.scheduler.v1 import crons_pb2_grpc, scheduler_pb2_grpc
+from taskgate.scheduler.v1 import crons_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 BACKEND_NAMES = ("scheduler", "pending", "telemetry", "notifier")
 
@@ -31,19 +32,28 @@ class Backends:
     notifier: notifier_pb2_grpc.NotifierServiceStub
     timeout_s: float
     crons: crons_pb2_grpc.CronServiceStub
+    creates: CreateBatches
 
     @classmethod
     def open(cls, settings: Settings) -> Backends:
         security = ClientSecurity.for_identity(settings, "gateway")
         channels = {name: aio_channel(getattr(settings, f"{name}_addr"), security) for name in BACKEND_NAMES}
+        scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channels["scheduler"])
         return cls(
             channels=channels,
-            scheduler=scheduler_pb2_grpc.SchedulerServiceStub(channels["scheduler"]),
+            scheduler=scheduler,
             pending=pending_pb2_grpc.PendingRegistryServiceStub(channels["pending"]),
             notifier=notifier_pb2_grpc.NotifierServiceStub(channels["notifier"]),
             timeout_s=settings.rpc_timeout_ms / 1000,
             crons=crons_pb2_grpc.CronServiceStub(channels["scheduler"]),
+            creates=CreateBatches(scheduler),
         )
+
+    async def create_task(
+        self, request: scheduler_pb2.CreateTaskRequest, request_id: str
+    ) -> scheduler_pb2.CreateTaskResponse:
+        """CreateTask, sent with the other creates of the moment (``gateway_http.create_batches``)."""
+        return await self.creates.create(request, request_id, self.timeout_s)
 
     async def health(self, timeout_s: float = 1.0) -> dict[str, str]:
         async def check(name: str, channel: grpc.aio.Channel) -> tuple[str, str]:

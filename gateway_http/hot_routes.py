@@ -173,7 +173,8 @@ class HotRoutes:
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, caller: Caller, request: Any) -> None:
         backends = self.gateway.state.backends
-        metadata = ((REQUEST_ID_KEY, scope["state"]["request_id"]),)
+        request_id = scope["state"]["request_id"]
+        metadata = ((REQUEST_ID_KEY, request_id),)
         try:
             if isinstance(request, tuple):
                 page, page_size, include_finished = request
@@ -184,7 +185,7 @@ class HotRoutes:
                 )
                 response = tasks.task_page_response(reply)
             else:
-                created = await backends.scheduler.CreateTask(request, timeout=backends.timeout_s, metadata=metadata)
+                created = await backends.create_task(request, request_id)
                 response = tasks.created_response(created)
         except grpc.aio.AioRpcError as exc:
             response = await errors.rpc_error_handler(Request(scope), exc)

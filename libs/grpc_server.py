@@ -55,16 +55,17 @@ _KIND_TO_CODE = {
 }
 
 
-def status_for(error: DomainError) -> grpc.Status:
+def status_proto(error: DomainError) -> status_pb2.Status:
+    """The google.rpc.Status a DomainError fails a call with: its code, message and ErrorInfo."""
     code = _KIND_TO_CODE.get(error.kind, grpc.StatusCode.INTERNAL)
     info = error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
-    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=error.message, details=[detail]))
+    return status_pb2.Status(code=code.value[0], message=error.message, details=[detail])
 
 
-def _internal_status() -> grpc.Status:
-    return rpc_status.to_status(status_pb2.Status(code=code_pb2.INTERNAL, message="internal error"))
+def status_for(error: DomainError) -> grpc.Status:
+    return rpc_status.to_status(status_proto(error))
 
 
 # A full disk under the database is the operator's to fix, and the call can be retried after:
@@ -72,10 +73,16 @@ def _internal_status() -> grpc.Status:
 _STORAGE_FULL = Unavailable("STORAGE_FULL", "the service's database storage is full; free space, then retry")
 
 
-def _unexpected_status(exc: BaseException) -> tuple[str, grpc.Status]:
+def unexpected_status_proto(exc: BaseException) -> tuple[str, status_pb2.Status]:
+    """The code name and status for an error no handler expected: INTERNAL, or STORAGE_FULL."""
     if storage_full(exc):
-        return "UNAVAILABLE", status_for(_STORAGE_FULL)
-    return "INTERNAL", _internal_status()
+        return "UNAVAILABLE", status_proto(_STORAGE_FULL)
+    return "INTERNAL", status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
+
+
+def _unexpected_status(exc: BaseException) -> tuple[str, grpc.Status]:
+    code, status = unexpected_status_proto(exc)
+    return code, rpc_status.to_status(status)
 
 
 def _ended_code(context: grpc.aio.ServicerContext) -> str:

@@ -47,6 +47,7 @@ POLICY: dict[str, frozenset[str]] = {
         _methods(
             _SCHEDULER,
             "CreateTask",
+            "CreateTasks",
             "GetTask",
             "ListTasks",
             "CancelTask",

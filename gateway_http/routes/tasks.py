@@ -142,9 +142,7 @@ async def create_task(request: Request, caller: SessionCaller, body: CreateTaskB
                 )
             cleared = True
     backends = _backends(request)
-    reply = await backends.scheduler.CreateTask(
-        create_task_request(caller, body, cleared), timeout=backends.timeout_s, metadata=request_metadata(request)
-    )
+    reply = await backends.create_task(create_task_request(caller, body, cleared), request.state.request_id)
     return created_response(reply)
 
 

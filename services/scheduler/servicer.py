@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
+import structlog
+from google.rpc import code_pb2
 
+from libs.errors import DomainError, InvalidArgument
+from libs.grpc_server import REQUEST_ID_PATTERN, status_proto, unexpected_status_proto
 from libs.worker_sdk import TOKEN_METADATA_KEY
 from services.scheduler import convert, domain
 from services.scheduler.domain import USER_CANCELED, NewTask
@@ -21,6 +26,27 @@ CANCEL_ANSWER_WAIT_S = 1.0
 # Initial metadata of a WatchTasks call (session or task): the watch is subscribed.
 WATCH_LIVE_KEY = "x-taskgate-watch-live"
 EVENT_TYPE_FROM_PB = {v: k for k, v in convert.EVENT_TYPE_TO_PB.items()}
+# The most creates one CreateTasks call carries.
+MAX_BATCH_CREATES = 256
+
+log = structlog.get_logger("scheduler")
+
+
+def new_task(request: pb.CreateTaskRequest) -> NewTask:
+    return NewTask(
+        agent_id=request.agent_id,
+        session_id=request.session_id,
+        title=request.title,
+        instructions=request.instructions,
+        profile=request.profile,
+        request_id=request.request_id or None,
+        harness=request.harness or None,
+        harness_model=request.harness_model or None,
+        continue_task_id=request.continue_task_id or None,
+        skill_name=request.skill.name if request.HasField("skill") else None,
+        skill_args_json=(request.skill.args_json or "{}") if request.HasField("skill") else None,
+        target=convert.target_from_pb(request.target, request.safemode_cleared) if request.HasField("target") else None,
+    )
 
 
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
@@ -33,25 +59,40 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     async def CreateTask(
         self, request: pb.CreateTaskRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateTaskResponse:
-        task = await self.engine.create_task(
-            NewTask(
-                agent_id=request.agent_id,
-                session_id=request.session_id,
-                title=request.title,
-                instructions=request.instructions,
-                profile=request.profile,
-                request_id=request.request_id or None,
-                harness=request.harness or None,
-                harness_model=request.harness_model or None,
-                continue_task_id=request.continue_task_id or None,
-                skill_name=request.skill.name if request.HasField("skill") else None,
-                skill_args_json=(request.skill.args_json or "{}") if request.HasField("skill") else None,
-                target=convert.target_from_pb(request.target, request.safemode_cleared)
-                if request.HasField("target")
-                else None,
-            )
-        )
+        task = await self.engine.create_task(new_task(request))
         return pb.CreateTaskResponse(task=convert.task_to_pb(task, self._now()))
+
+    async def CreateTasks(
+        self, request: pb.CreateTasksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CreateTasksResponse:
+        items = request.items
+        if not 1 <= len(items) <= MAX_BATCH_CREATES:
+            raise InvalidArgument("BATCH_SIZE", f"send 1 to {MAX_BATCH_CREATES} creates in one call", field="items")
+        for item in items:
+            if item.call_id and not REQUEST_ID_PATTERN.fullmatch(item.call_id):
+                raise InvalidArgument("INVALID_CALL_ID", "a call_id is 1 to 64 of A-Z a-z 0-9 . _ : -", field="call_id")
+        # Concurrently: the creates share the store's next group commit.
+        outcomes = await asyncio.gather(*(self._create_one(item) for item in items))
+        return pb.CreateTasksResponse(outcomes=outcomes)
+
+    async def _create_one(self, item: pb.CreateTasksItem) -> pb.CreateTaskOutcome:
+        """One create of a batch: its task, or the status CreateTask would have failed with."""
+        if item.call_id:  # this create's own log lines carry its caller's request id
+            structlog.contextvars.bind_contextvars(request_id=item.call_id)
+        try:
+            task = await self.engine.create_task(new_task(item.request))
+        except DomainError as exc:
+            status = status_proto(exc)
+            log.warning("create_failed", code=code_pb2.Code.Name(status.code), reason=exc.reason)
+        except Exception as exc:  # noqa: BLE001 - as the interceptor maps it for a unary call
+            code, status = unexpected_status_proto(exc)
+            if code == "INTERNAL":
+                log.error("create_failed", code=code, exc_info=exc)
+            else:
+                log.warning("create_failed", code=code, error=type(exc).__name__)
+        else:
+            return pb.CreateTaskOutcome(task=convert.task_to_pb(task, self._now()))
+        return pb.CreateTaskOutcome(error_status=status.SerializeToString())
 
     async def GetTask(self, request: pb.GetTaskRequest, context: grpc.aio.ServicerContext) -> pb.GetTaskResponse:
         task, attempts, tree = await self.engine.task_detail(request.task_id)

@@ -15,6 +15,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
+from gateway_http.create_batches import CreateBatches
 from gateway_http.hot_routes import HotRoutes
 from gateway_http.metrics import HTTP_DURATION
 from gateway_http.middleware import RequestContextMiddleware
@@ -38,11 +39,11 @@ class FakeScheduler:
     seen: list[Any] = field(default_factory=list)
     fail: grpc.aio.AioRpcError | None = None
 
-    async def CreateTask(self, request: pb.CreateTaskRequest, **kwargs: Any) -> pb.CreateTaskResponse:
-        self.seen.append(request)
+    async def CreateTasks(self, request: pb.CreateTasksRequest, **kwargs: Any) -> pb.CreateTasksResponse:
+        self.seen.extend(item.request for item in request.items)
         if self.fail is not None:
             raise self.fail
-        return pb.CreateTaskResponse(task=snapshot())
+        return pb.CreateTasksResponse(outcomes=[pb.CreateTaskOutcome(task=snapshot()) for _ in request.items])
 
     async def ListTasks(self, request: pb.ListTasksRequest, **kwargs: Any) -> pb.ListTasksResponse:
         self.seen.append(request)
@@ -53,6 +54,12 @@ class FakeScheduler:
 class FakeBackends:
     scheduler: FakeScheduler
     timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        self.creates = CreateBatches(self.scheduler)  # type: ignore[arg-type]
+
+    async def create_task(self, request: pb.CreateTaskRequest, request_id: str) -> pb.CreateTaskResponse:
+        return await self.creates.create(request, request_id, self.timeout_s)
 
 
 @dataclass

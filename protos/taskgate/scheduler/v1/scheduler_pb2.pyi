@@ -473,6 +473,34 @@ class CreateTaskResponse(_message.Message):
     task: Task
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
+class CreateTasksRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[CreateTasksItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[CreateTasksItem, _Mapping]]] = ...) -> None: ...
+
+class CreateTasksItem(_message.Message):
+    __slots__ = ("request", "call_id")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    request: CreateTaskRequest
+    call_id: str
+    def __init__(self, request: _Optional[_Union[CreateTaskRequest, _Mapping]] = ..., call_id: _Optional[str] = ...) -> None: ...
+
+class CreateTasksResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[CreateTaskOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[CreateTaskOutcome, _Mapping]]] = ...) -> None: ...
+
+class CreateTaskOutcome(_message.Message):
+    __slots__ = ("task", "error_status")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_STATUS_FIELD_NUMBER: _ClassVar[int]
+    task: Task
+    error_status: bytes
+    def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., error_status: _Optional[bytes] = ...) -> None: ...
+
 class GetTaskRequest(_message.Message):
     __slots__ = ("task_id",)
     TASK_ID_FIELD_NUMBER: _ClassVar[int]

@@ -1,0 +1,125 @@
+"""REST creates sent to the scheduler in batches: one CreateTasks call for the creates that
+arrived while the previous call was in flight.
+
+A gRPC call costs both ends several times the CPU of one more message in a call (about
+0.45 ms of the scheduler's and 0.35 ms of the gateway's CPU for a bare grpc.aio unary call
+on a 2-core VM, against 0.15 ms for a message on an open stream), and a create is most of
+what a busy gateway sends. Nothing waits on a timer: a lone create goes at once, alone;
+under load the next batch gathers while one is on the wire (the scheduler's group commit
+works the same way).
+
+Each create keeps the contract of a CreateTask call: its own deadline (``timeout_s``), and
+on failure a ``grpc.aio.AioRpcError`` with the code, message and ErrorInfo the unary call
+would have carried, so the REST error mapping is the same. A create whose caller went away
+before its batch left is not sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import grpc
+from google.rpc import status_pb2
+
+from libs.grpc_client import REQUEST_ID_KEY
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+
+# The scheduler takes up to 256 creates a call; fewer keeps one call's reply small.
+MAX_BATCH = 64
+
+
+@dataclass
+class _Create:
+    request: pb.CreateTaskRequest
+    request_id: str
+    deadline: float  # time.monotonic()
+    answer: asyncio.Future[pb.CreateTaskResponse]
+
+
+def item_error(outcome_status: bytes) -> grpc.aio.AioRpcError:
+    """The error a CreateTask call would have raised, from a batch item's google.rpc.Status."""
+    status = status_pb2.Status.FromString(outcome_status)
+    code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+    return grpc.aio.AioRpcError(
+        code,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(("grpc-status-details-bin", outcome_status)),
+        details=status.message,
+    )
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _copy(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """One exception object per waiting create (a raised exception keeps its traceback)."""
+    return grpc.aio.AioRpcError(
+        exc.code(), exc.initial_metadata(), exc.trailing_metadata(), exc.details(), exc.debug_error_string()
+    )
+
+
+class CreateBatches:
+    def __init__(self, scheduler: pb_grpc.SchedulerServiceStub, max_batch: int = MAX_BATCH) -> None:
+        self.scheduler = scheduler
+        self.max_batch = max_batch
+        self._waiting: list[_Create] = []
+        self._sender: asyncio.Task[None] | None = None
+        self.calls = 0  # CreateTasks calls made (for tests and benchmarks)
+
+    async def create(self, request: pb.CreateTaskRequest, request_id: str, timeout_s: float) -> pb.CreateTaskResponse:
+        """What ``CreateTask(request, timeout=timeout_s)`` answers, sent in the next batch."""
+        answer: asyncio.Future[pb.CreateTaskResponse] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Create(request, request_id, time.monotonic() + timeout_s, answer))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send(), name="create-batches")
+        try:
+            # shield: a caller that stops waiting cancels only its own answer, never the batch.
+            return await asyncio.wait_for(asyncio.shield(answer), timeout_s)
+        except TimeoutError:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded"
+            ) from None
+        finally:
+            answer.cancel()  # not sent yet: it stays out of the batch; answered: no effect
+
+    async def _send(self) -> None:
+        while self._waiting:
+            batch = [c for c in self._waiting[: self.max_batch] if not c.answer.done()]
+            del self._waiting[: self.max_batch]
+            if not batch:
+                continue
+            remaining = max(c.deadline for c in batch) - time.monotonic()
+            request = pb.CreateTasksRequest(
+                items=[pb.CreateTasksItem(request=c.request, call_id=c.request_id) for c in batch]
+            )
+            self.calls += 1
+            try:
+                reply = await self.scheduler.CreateTasks(
+                    request, timeout=max(remaining, 0.001), metadata=((REQUEST_ID_KEY, batch[0].request_id),)
+                )
+            except grpc.aio.AioRpcError as exc:
+                for c in batch:
+                    if not c.answer.done():
+                        c.answer.set_exception(_copy(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - each waiting create fails with it, none hangs
+                for c in batch:
+                    if not c.answer.done():
+                        c.answer.set_exception(exc)
+                continue
+            if len(reply.outcomes) != len(batch):
+                broken = RuntimeError(f"CreateTasks answered {len(reply.outcomes)} outcomes for {len(batch)} creates")
+                for c in batch:
+                    if not c.answer.done():
+                        c.answer.set_exception(broken)
+                continue
+            for c, outcome in zip(batch, reply.outcomes, strict=True):
+                if c.answer.done():
+                    continue
+                if outcome.WhichOneof("outcome") == "task":
+                    c.answer.set_result(pb.CreateTaskResponse(task=outcome.task))
+                else:
+                    c.answer.set_exception(item_error(outcome.error_status))

@@ -1,0 +1,120 @@
+"""The gateway's creates in batches: gathered while a call is in flight, each answered (or failed)
+as its own CreateTask call would have been."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from gateway_http.create_batches import CreateBatches
+from gateway_http.errors import from_rpc_error
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from tests.support.scheduler_rpc import served_scheduler
+
+
+def create(title: str, **fields: object) -> pb.CreateTaskRequest:
+    return pb.CreateTaskRequest(agent_id="a", session_id="s", title=title, **fields)  # type: ignore[arg-type]
+
+
+@dataclass
+class HeldScheduler:
+    """Answers each CreateTasks call once ``release`` is set; records the titles of every call."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: list[list[str]] = field(default_factory=list)
+    call_ids: list[list[str]] = field(default_factory=list)
+    fail: grpc.aio.AioRpcError | None = None
+
+    async def CreateTasks(self, request: pb.CreateTasksRequest, **kwargs: Any) -> pb.CreateTasksResponse:
+        self.calls.append([item.request.title for item in request.items])
+        self.call_ids.append([item.call_id for item in request.items])
+        await self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+        return pb.CreateTasksResponse(
+            outcomes=[pb.CreateTaskOutcome(task=pb.Task(task_id=f"id-{i.request.title}")) for i in request.items]
+        )
+
+
+async def until(condition: Any) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition not reached")
+
+
+async def test_creates_arriving_during_a_call_go_together_in_the_next() -> None:
+    held = HeldScheduler()
+    batches = CreateBatches(held)  # type: ignore[arg-type]
+    first = asyncio.create_task(batches.create(create("a"), "r-a", 30))
+    await until(lambda: held.calls)  # a lone create leaves at once, alone
+    later = [asyncio.create_task(batches.create(create(t), f"r-{t}", 30)) for t in "bcd"]
+    await asyncio.sleep(0.01)
+    assert held.calls == [["a"]], "nothing leaves while a call is in flight"
+    held.release.set()
+    replies = await asyncio.gather(first, *later)
+    assert [r.task.task_id for r in replies] == ["id-a", "id-b", "id-c", "id-d"]
+    assert held.calls == [["a"], ["b", "c", "d"]]
+    assert held.call_ids == [["r-a"], ["r-b", "r-c", "r-d"]]
+
+
+async def test_a_create_whose_caller_left_before_its_batch_is_not_sent() -> None:
+    held = HeldScheduler()
+    batches = CreateBatches(held)  # type: ignore[arg-type]
+    first = asyncio.create_task(batches.create(create("a"), "r-a", 30))
+    await until(lambda: held.calls)
+    gone = asyncio.create_task(batches.create(create("gone"), "r-g", 30))
+    kept = asyncio.create_task(batches.create(create("kept"), "r-k", 30))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await gone
+    held.release.set()
+    await asyncio.gather(first, kept)
+    assert held.calls == [["a"], ["kept"]]
+
+
+async def test_a_failed_call_fails_each_of_its_creates_with_its_code() -> None:
+    held = HeldScheduler(
+        fail=grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
+    )
+    held.release.set()
+    batches = CreateBatches(held)  # type: ignore[arg-type]
+    outcomes = await asyncio.gather(*(batches.create(create(t), t, 30) for t in "abc"), return_exceptions=True)
+    assert all(isinstance(o, grpc.aio.AioRpcError) and o.code() == grpc.StatusCode.UNAVAILABLE for o in outcomes)
+    assert len({id(o) for o in outcomes}) == 3, "each waiting create gets its own exception"
+    assert from_rpc_error(outcomes[0]).status == 503  # type: ignore[arg-type]
+
+
+async def test_a_create_not_answered_within_its_timeout_is_a_deadline_exceeded() -> None:
+    held = HeldScheduler()  # never released
+    batches = CreateBatches(held)  # type: ignore[arg-type]
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await batches.create(create("a"), "r", 0.2)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert from_rpc_error(late.value).status == 504
+
+
+async def test_each_create_is_answered_and_refused_as_its_create_task_call_would_be(tmp_path: Path) -> None:
+    async with served_scheduler(tmp_path) as (_, stub):
+        batches = CreateBatches(stub)
+        good, bad = create("fine", profile="w"), create("bad", profile="nope")
+        answered, refused = await asyncio.gather(
+            batches.create(good, "r-1", 10), batches.create(bad, "r-2", 10), return_exceptions=True
+        )
+        assert isinstance(answered, pb.CreateTaskResponse) and answered.task.title == "fine"
+        assert answered.task.state == pb.TASK_STATE_QUEUED
+        assert isinstance(refused, grpc.aio.AioRpcError)
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await stub.CreateTask(bad)
+        assert refused.code() == unary.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # The REST answer is built from the error alone: the same error, the same answer.
+        assert vars(from_rpc_error(refused)) == vars(from_rpc_error(unary.value))
+        assert from_rpc_error(refused).error == "UNKNOWN_PROFILE"
