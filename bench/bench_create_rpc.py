@@ -1,13 +1,16 @@
-"""The scheduler's CPU per CreateTask call and per cheap unary RPC, apart from launching.
+"""The scheduler's CPU per create (one CreateTask call each, and the gateway's CreateTasks
+batches) and per cheap unary RPC, apart from launching.
 
 A real five-process stack; this client calls the scheduler's gRPC API directly as the gateway
-(16 in flight on one channel). One `sleeper` task holds the only running slot (max_running=1),
+(16 in flight on one channel; the batched creates go through the gateway's own
+``CreateBatches``, so the batches form as they do there). One `sleeper` task holds the only running slot (max_running=1),
 so every created task stays queued: the figure is the create path alone — the interceptor
 (caller auth, request id, log line, RPC metric), the servicer, admission, the store's insert
-and its event, the reply — plus the event it sends to the notifier's log follower. The second
+and its event, the reply — plus the event it sends to the notifier's log follower. The last
 figure is GetTask of one queued task: the per-RPC overhead with a small handler.
 
-Scheduler CPU is read from /proc (user + system) around each round; median of the rounds.
+Scheduler CPU is read from /proc (user + system) around each round, this client's own (the
+gateway's side of the calls) with ``time.process_time``; median of the rounds.
 
 Run: .venv/bin/python bench/bench_create_rpc.py [--n 1500] [--rounds 3]
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_tasks import cpu_seconds  # noqa: E402
+from gateway_http.create_batches import CreateBatches  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
@@ -64,20 +68,29 @@ async def run(n: int, rounds: int) -> None:
                 async def create() -> None:
                     await stub.CreateTask(pb.CreateTaskRequest(**base, profile="true"), timeout=30)
 
+                batches = CreateBatches(stub)
+
+                async def create_batched() -> None:
+                    await batches.create(pb.CreateTaskRequest(**base, profile="true"), "bench", 30)
+
                 async def get() -> None:
                     await stub.GetTask(pb.GetTaskRequest(task_id=one.task.task_id), timeout=30)
 
-                for name, call in (("CreateTask", create), ("GetTask", get)):
-                    per_call, rates = [], []
+                for name, call in (("CreateTask", create), ("CreateTasks batches", create_batched), ("GetTask", get)):
+                    per_call, own, rates, calls = [], [], [], []
                     for _ in range(rounds):
-                        cpu0 = cpu_seconds(pid)
+                        cpu0, own0, calls0 = cpu_seconds(pid), time.process_time(), batches.calls
                         took = await _calls(n, call)
                         per_call.append((cpu_seconds(pid) - cpu0) * 1000 / n)
+                        own.append((time.process_time() - own0) * 1000 / n)
                         rates.append(n / took)
+                        calls.append(batches.calls - calls0)
+                    batch = f", {n * rounds / sum(calls):.1f} creates per call" if sum(calls) else ""
                     print(
-                        f"{name}: scheduler CPU {statistics.median(per_call):.3f} ms/call "
-                        f"(rounds {', '.join(f'{x:.3f}' for x in per_call)}), "
-                        f"{statistics.median(rates):.0f} calls/s, N={n}, load average {os.getloadavg()[0]:.1f}",
+                        f"{name}: scheduler CPU {statistics.median(per_call):.3f} ms/create or call "
+                        f"(rounds {', '.join(f'{x:.3f}' for x in per_call)}), caller CPU "
+                        f"{statistics.median(own):.3f} ms, {statistics.median(rates):.0f}/s{batch}, N={n}, "
+                        f"load average {os.getloadavg()[0]:.1f}",
                         flush=True,
                     )
         finally:
