@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -103,6 +105,15 @@ SERVICES = [
 ]
 
 
+def worker_socket_dir() -> str:
+    """A short folder for a scheduler's worker sockets (a Unix socket path is limited to 107
+    bytes, so not under the test's data dir), removed when the test run ends: a stack may be
+    stopped and started again, so not at its stop."""
+    path = tempfile.mkdtemp(prefix="tg-workers-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 @dataclass
 class Stack:
     data_dir: Path
@@ -151,7 +162,7 @@ class Stack:
                 # One set of caller secrets for the whole system.
                 "TASKGATE_SECRETS_DIR": str((self.data_dir / "secrets").resolve()),
                 "TASKGATE_SCHEDULER_ADDR": f"127.0.0.1:{free_port()}",
-                "TASKGATE_WORKER_SOCKET_DIR": tempfile.mkdtemp(prefix="tg-workers-"),
+                "TASKGATE_WORKER_SOCKET_DIR": worker_socket_dir(),
             }
             names.append(name)
         return names
@@ -292,7 +303,7 @@ def make_stack(data_dir: Path, metrics: bool = False, extra_config: str = "", **
         "TASKGATE_DATA_DIR": str(data_dir),
         "TASKGATE_HTTP_ADDR": f"127.0.0.1:{http_port}",
         # Short: a Unix socket path is limited to 107 bytes.
-        "TASKGATE_WORKER_SOCKET_DIR": tempfile.mkdtemp(prefix="tg-workers-"),
+        "TASKGATE_WORKER_SOCKET_DIR": worker_socket_dir(),
     }
     for _, _, env_name in SERVICES:
         env[env_name] = f"127.0.0.1:{free_port()}"
