@@ -29,6 +29,9 @@ from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 # The scheduler takes up to 256 creates a call; fewer keeps one call's reply small.
 MAX_BATCH = 64
+# And at most this many bytes of requests (unless one alone is larger): the reply repeats each
+# task's instructions, and gRPC refuses a message over 4 MiB on either side.
+MAX_BATCH_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -62,9 +65,12 @@ def _copy(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
 
 
 class CreateBatches:
-    def __init__(self, scheduler: pb_grpc.SchedulerServiceStub, max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self, scheduler: pb_grpc.SchedulerServiceStub, max_batch: int = MAX_BATCH, max_bytes: int = MAX_BATCH_BYTES
+    ) -> None:
         self.scheduler = scheduler
         self.max_batch = max_batch
+        self.max_bytes = max_bytes
         self._waiting: list[_Create] = []
         self._sender: asyncio.Task[None] | None = None
         self.calls = 0  # CreateTasks calls made (for tests and benchmarks)
@@ -85,10 +91,27 @@ class CreateBatches:
         finally:
             answer.cancel()  # not sent yet: it stays out of the batch; answered: no effect
 
+    def _next_batch(self) -> list[_Create]:
+        """The oldest waiting creates still wanted, within the count and byte bounds."""
+        batch: list[_Create] = []
+        size = 0
+        taken = 0
+        for c in self._waiting:
+            if len(batch) == self.max_batch:
+                break
+            if not c.answer.done():
+                item_bytes = c.request.ByteSize()
+                if batch and size + item_bytes > self.max_bytes:
+                    break
+                size += item_bytes
+                batch.append(c)
+            taken += 1
+        del self._waiting[:taken]
+        return batch
+
     async def _send(self) -> None:
         while self._waiting:
-            batch = [c for c in self._waiting[: self.max_batch] if not c.answer.done()]
-            del self._waiting[: self.max_batch]
+            batch = self._next_batch()
             if not batch:
                 continue
             remaining = max(c.deadline for c in batch) - time.monotonic()

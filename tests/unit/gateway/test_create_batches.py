@@ -118,3 +118,19 @@ async def test_each_create_is_answered_and_refused_as_its_create_task_call_would
         # The REST answer is built from the error alone: the same error, the same answer.
         assert vars(from_rpc_error(refused)) == vars(from_rpc_error(unary.value))
         assert from_rpc_error(refused).error == "UNKNOWN_PROFILE"
+
+
+async def test_a_batch_stays_within_its_byte_bound_but_a_large_create_still_goes_alone() -> None:
+    held = HeldScheduler()
+    batches = CreateBatches(held, max_bytes=250_000)  # type: ignore[arg-type]
+    first = asyncio.create_task(batches.create(create("a"), "r-a", 30))
+    await until(lambda: held.calls)
+    big = "x" * 100_000
+    later = [
+        asyncio.create_task(batches.create(create(t, instructions=big if t != "huge" else big * 3), t, 30))
+        for t in ("b", "c", "d", "huge", "e")
+    ]
+    await asyncio.sleep(0.01)
+    held.release.set()
+    await asyncio.gather(first, *later)
+    assert held.calls == [["a"], ["b", "c"], ["d"], ["huge"], ["e"]]
