@@ -3,8 +3,8 @@ batches) and per cheap unary RPC, apart from launching.
 
 A real five-process stack; this client calls the scheduler's gRPC API directly as the gateway
 (16 in flight on one channel; the batched creates go through the gateway's own
-``CreateBatches``, so the batches form as they do there). One `sleeper` task holds the only running slot (max_running=1),
-so every created task stays queued: the figure is the create path alone — the interceptor
+``CreateBatches``, so the batches form as they do there). One `sleeper` task holds the only
+running slot (max_running=1), so every created task stays queued: the figure is the create path alone — the interceptor
 (caller auth, request id, log line, RPC metric), the servicer, admission, the store's insert
 and its event, the reply — plus the event it sends to the notifier's log follower. The last
 figure is GetTask of one queued task: the per-RPC overhead with a small handler.

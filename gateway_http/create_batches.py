@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import grpc
 from google.rpc import status_pb2
 
+from gateway_http.metrics import CREATE_BATCH
 from libs.grpc_client import REQUEST_ID_KEY
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -119,6 +120,7 @@ class CreateBatches:
                 items=[pb.CreateTasksItem(request=c.request, call_id=c.request_id) for c in batch]
             )
             self.calls += 1
+            CREATE_BATCH.observe(len(batch))
             try:
                 reply = await self.scheduler.CreateTasks(
                     request, timeout=max(remaining, 0.001), metadata=((REQUEST_ID_KEY, batch[0].request_id),)

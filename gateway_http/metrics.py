@@ -29,3 +29,8 @@ TASK_WATCHES = Gauge(
     "taskgate_gateway_task_watches",
     "WatchTasks streams this gateway holds open to the scheduler (one per watched session, shared)",
 )
+CREATE_BATCH = Histogram(
+    "taskgate_gateway_create_batch_creates",
+    "Creates per CreateTasks call the gateway sent to the scheduler (the creates that arrived while one was in flight)",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)

@@ -55,6 +55,7 @@ EXPECTED = {
         "taskgate_sse_subscribers",
         "taskgate_sse_subscribers_dropped",
         "taskgate_gateway_task_watches",
+        "taskgate_gateway_create_batch_creates",
     },
 }
 
@@ -107,7 +108,8 @@ def test_a_task_moves_the_lifecycle_metrics(stack: Stack, api: Api) -> None:
     for histogram in ("taskgate_task_launch_latency_seconds", "taskgate_task_queue_wait_seconds"):
         assert value(after, f"{histogram}_count") >= value(before, f"{histogram}_count") + 1, histogram
     assert value(after, "taskgate_tasks", state="completed") >= value(before, "taskgate_tasks", state="completed") + 1
-    create = {"method": "/taskgate.scheduler.v1.SchedulerService/CreateTask", "code": "OK"}
+    # The gateway sends its creates in CreateTasks batches (one create here, alone).
+    create = {"method": "/taskgate.scheduler.v1.SchedulerService/CreateTasks", "code": "OK"}
     assert value(after, "taskgate_rpc_duration_seconds_count", **create) > value(
         before, "taskgate_rpc_duration_seconds_count", **create
     )
@@ -115,6 +117,7 @@ def test_a_task_moves_the_lifecycle_metrics(stack: Stack, api: Api) -> None:
     _, gateway = scrape(stack, "gateway")
     route = {"method": "POST", "route": "/api/v1/agents/{agentId}/sessions/{sessionId}/tasks", "status": "201"}
     assert value(gateway, "taskgate_http_request_duration_seconds_count", **route) >= 1
+    assert value(gateway, "taskgate_gateway_create_batch_creates_count") >= 1
     _, telemetry = scrape(stack, "telemetry")
     assert value(telemetry, "taskgate_telemetry_sample_seconds_count") > 0
 
