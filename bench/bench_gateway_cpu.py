@@ -1,7 +1,8 @@
 """The HTTP edge's CPU per REST call, apart from the rest of the system: the real gateway
-process in front of a canned scheduler (an in-process gRPC server that answers CreateTask and
-ListTasks at once, or after a delay), driven by the lean client (bench/lean_http.py) on 16
-keep-alive connections.
+process in front of a canned scheduler (an in-process gRPC server that answers CreateTasks,
+ListTasks and GetTask at once, or after a delay), driven by the lean client (bench/lean_http.py)
+on 16 keep-alive connections. Also how many scheduler calls the creates and the GETs of one task
+took (the gateway batches creates and shares concurrent reads of a task).
 
 In the full system (bench_tasks.py --throughput) the scheduler and the notifier take most of
 the two cores and their slowness changes the gateway's figure: a gateway that answers one
@@ -55,13 +56,23 @@ class CannedScheduler(pb_grpc.SchedulerServiceServicer):  # type: ignore[misc]
         self.task.timing.create_time.GetCurrentTime()
         self.task.update_time.GetCurrentTime()
 
-    async def CreateTask(self, request: pb.CreateTaskRequest, context: Any) -> pb.CreateTaskResponse:
+        self.calls = 0
+
+    async def CreateTasks(self, request: pb.CreateTasksRequest, context: Any) -> pb.CreateTasksResponse:
+        self.calls += 1
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        return pb.CreateTaskResponse(task=self.task)
+        return pb.CreateTasksResponse(outcomes=[pb.CreateTaskOutcome(task=self.task) for _ in request.items])
 
     async def ListTasks(self, request: pb.ListTasksRequest, context: Any) -> pb.ListTasksResponse:
+        self.calls += 1
         return pb.ListTasksResponse(total=1, page=0, pages=1, tasks=[self.task])
+
+    async def GetTask(self, request: pb.GetTaskRequest, context: Any) -> pb.GetTaskResponse:
+        self.calls += 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return pb.GetTaskResponse(task=self.task)
 
 
 async def wait_listening(port: int) -> None:
@@ -99,6 +110,7 @@ async def main(n: int, postgres: bool) -> None:
             async with LeanClient(stack.http_url, 16) as client:
                 create = client.request("POST", PATH, headers, json.dumps({"title": "b", "profile": "true"}).encode())
                 poll = client.request("GET", f"{PATH}?page_size=1", headers)
+                detail = client.request("GET", f"{PATH}/{canned.task.task_id}", headers)
                 await client.repeat(create, 200, expect=201)  # warm-up: connections, caches
                 await client.repeat(poll, 200, expect=200)
                 load = os.getloadavg()[0]
@@ -110,8 +122,11 @@ async def main(n: int, postgres: bool) -> None:
                     ("POST .../tasks, unthrottled", create, 201, 0.0, n),
                     ("POST .../tasks, scheduler answers in 200 ms", create, 201, 0.2, max(n // 3, 16)),
                     ("GET .../tasks?page_size=1, unthrottled", poll, 200, 0.0, n),
+                    ("GET .../tasks/{id}, one task, unthrottled", detail, 200, 0.0, n),
+                    ("GET .../tasks/{id}, one task, answered in 5 ms", detail, 200, 0.005, n),
                 ):
                     canned.delay_s = delay_s
+                    canned.calls = 0
                     gateway0, client0, began = cpu_seconds(pid), own_cpu_seconds(), time.perf_counter()
                     await client.repeat(request, count, expect=code)
                     elapsed = time.perf_counter() - began
@@ -119,7 +134,8 @@ async def main(n: int, postgres: bool) -> None:
                     client_ms = (own_cpu_seconds() - client0) * 1000 / count
                     print(
                         f"  {label:<46} gateway {gateway_ms:5.2f} ms  client {client_ms:5.2f} ms  "
-                        f"({count / elapsed:6.0f} req/s, N={count}, 16 in flight)"
+                        f"({count / elapsed:6.0f} req/s, N={count}, 16 in flight, "
+                        f"{canned.calls / count:.2f} scheduler calls per request)"
                     )
             print(
                 f"  reproduce: .venv/bin/python bench/bench_gateway_cpu.py --n {n}{' --postgres' if postgres else ''}"

@@ -1,12 +1,11 @@
 """REST creates sent to the scheduler in batches: one CreateTasks call for the creates that
-arrived while the previous call was in flight.
+arrived while earlier calls were in flight (at most two calls at once).
 
-A gRPC call costs both ends several times the CPU of one more message in a call (about
-0.45 ms of the scheduler's and 0.35 ms of the gateway's CPU for a bare grpc.aio unary call
-on a 2-core VM, against 0.15 ms for a message on an open stream), and a create is most of
-what a busy gateway sends. Nothing waits on a timer: a lone create goes at once, alone;
-under load the next batch gathers while one is on the wire (the scheduler's group commit
-works the same way).
+A gRPC call cost both ends far more than the create inside it: on a real stack one CreateTask
+per create costs the scheduler ≈ 1.3 ms and the gateway ≈ 0.4 ms of CPU, against ≈ 0.5 and
+0.15 ms per create in batches of 16 (bench/bench_create_rpc.py). Nothing waits on a timer: a
+lone create goes at once, alone; under load the next batch gathers while the calls in flight
+are on the wire (the scheduler's group commit works the same way).
 
 Each create keeps the contract of a CreateTask call: its own deadline (``timeout_s``), and
 on failure a ``grpc.aio.AioRpcError`` with the code, message and ErrorInfo the unary call
@@ -30,6 +29,10 @@ from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 # The scheduler takes up to 256 creates a call; fewer keeps one call's reply small.
 MAX_BATCH = 64
+# Calls in flight at once: one would batch the most, but a slow scheduler (a slow disk, say)
+# would then hold every create behind one call; with two a create waits at most about one
+# call's time before it goes.
+MAX_IN_FLIGHT = 2
 # And at most this many bytes of requests (unless one alone is larger): the reply repeats each
 # task's instructions, and gRPC refuses a message over 4 MiB on either side.
 MAX_BATCH_BYTES = 1024 * 1024
@@ -58,37 +61,49 @@ def item_error(outcome_status: bytes) -> grpc.aio.AioRpcError:
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def _copy(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
-    """One exception object per waiting create (a raised exception keeps its traceback)."""
+def copy_rpc_error(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """One exception object per waiting caller (a raised exception keeps its traceback)."""
     return grpc.aio.AioRpcError(
         exc.code(), exc.initial_metadata(), exc.trailing_metadata(), exc.details(), exc.debug_error_string()
     )
 
 
+def deadline_exceeded() -> grpc.aio.AioRpcError:
+    """What a call whose own deadline passed raises."""
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded"
+    )
+
+
 class CreateBatches:
     def __init__(
-        self, scheduler: pb_grpc.SchedulerServiceStub, max_batch: int = MAX_BATCH, max_bytes: int = MAX_BATCH_BYTES
+        self,
+        scheduler: pb_grpc.SchedulerServiceStub,
+        max_batch: int = MAX_BATCH,
+        max_bytes: int = MAX_BATCH_BYTES,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.scheduler = scheduler
         self.max_batch = max_batch
         self.max_bytes = max_bytes
+        self.max_in_flight = max_in_flight
         self._waiting: list[_Create] = []
-        self._sender: asyncio.Task[None] | None = None
+        self._senders: set[asyncio.Task[None]] = set()
         self.calls = 0  # CreateTasks calls made (for tests and benchmarks)
 
     async def create(self, request: pb.CreateTaskRequest, request_id: str, timeout_s: float) -> pb.CreateTaskResponse:
         """What ``CreateTask(request, timeout=timeout_s)`` answers, sent in the next batch."""
         answer: asyncio.Future[pb.CreateTaskResponse] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Create(request, request_id, time.monotonic() + timeout_s, answer))
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send(), name="create-batches")
+        if len(self._senders) < self.max_in_flight:
+            sender = asyncio.create_task(self._send(), name="create-batches")
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
         try:
             # shield: a caller that stops waiting cancels only its own answer, never the batch.
             return await asyncio.wait_for(asyncio.shield(answer), timeout_s)
         except TimeoutError:
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded"
-            ) from None
+            raise deadline_exceeded() from None
         finally:
             answer.cancel()  # not sent yet: it stays out of the batch; answered: no effect
 
@@ -128,7 +143,7 @@ class CreateBatches:
             except grpc.aio.AioRpcError as exc:
                 for c in batch:
                     if not c.answer.done():
-                        c.answer.set_exception(_copy(exc))
+                        c.answer.set_exception(copy_rpc_error(exc))
                 continue
             except Exception as exc:  # noqa: BLE001 - each waiting create fails with it, none hangs
                 for c in batch:

@@ -52,7 +52,7 @@ async def until(condition: Any) -> None:
 
 async def test_creates_arriving_during_a_call_go_together_in_the_next() -> None:
     held = HeldScheduler()
-    batches = CreateBatches(held)  # type: ignore[arg-type]
+    batches = CreateBatches(held, max_in_flight=1)  # type: ignore[arg-type]
     first = asyncio.create_task(batches.create(create("a"), "r-a", 30))
     await until(lambda: held.calls)  # a lone create leaves at once, alone
     later = [asyncio.create_task(batches.create(create(t), f"r-{t}", 30)) for t in "bcd"]
@@ -65,9 +65,25 @@ async def test_creates_arriving_during_a_call_go_together_in_the_next() -> None:
     assert held.call_ids == [["r-a"], ["r-b", "r-c", "r-d"]]
 
 
+async def test_two_calls_go_at_once_and_the_creates_after_them_gather_behind() -> None:
+    held = HeldScheduler()
+    batches = CreateBatches(held)  # type: ignore[arg-type]  (two in flight, the default)
+    first = asyncio.create_task(batches.create(create("a"), "r-a", 30))
+    await until(lambda: len(held.calls) == 1)
+    second = asyncio.create_task(batches.create(create("b"), "r-b", 30))
+    await until(lambda: len(held.calls) == 2)  # the second call does not wait for the first
+    later = [asyncio.create_task(batches.create(create(t), f"r-{t}", 30)) for t in "cde"]
+    await asyncio.sleep(0.01)
+    assert held.calls == [["a"], ["b"]], "at most two calls in flight"
+    held.release.set()
+    await asyncio.gather(first, second, *later)
+    assert held.calls[:2] == [["a"], ["b"]] and sorted(sum(held.calls[2:], [])) == ["c", "d", "e"]
+    assert len(held.calls) <= 4
+
+
 async def test_a_create_whose_caller_left_before_its_batch_is_not_sent() -> None:
     held = HeldScheduler()
-    batches = CreateBatches(held)  # type: ignore[arg-type]
+    batches = CreateBatches(held, max_in_flight=1)  # type: ignore[arg-type]
     first = asyncio.create_task(batches.create(create("a"), "r-a", 30))
     await until(lambda: held.calls)
     gone = asyncio.create_task(batches.create(create("gone"), "r-g", 30))
@@ -122,7 +138,7 @@ async def test_each_create_is_answered_and_refused_as_its_create_task_call_would
 
 async def test_a_batch_stays_within_its_byte_bound_but_a_large_create_still_goes_alone() -> None:
     held = HeldScheduler()
-    batches = CreateBatches(held, max_bytes=250_000)  # type: ignore[arg-type]
+    batches = CreateBatches(held, max_bytes=250_000, max_in_flight=1)  # type: ignore[arg-type]
     first = asyncio.create_task(batches.create(create("a"), "r-a", 30))
     await until(lambda: held.calls)
     big = "x" * 100_000
