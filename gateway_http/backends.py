@@ -10,6 +10,7 @@ from fastapi import Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway_http.create_batches import CreateBatches
+from gateway_http.task_reads import SharedTaskReads
 from libs.grpc_client import REQUEST_ID_KEY, ClientSecurity, aio_channel
 from libs.settings import Settings
 from taskgate.notifier.v1 import notifier_pb2_grpc
@@ -33,6 +34,7 @@ class Backends:
     timeout_s: float
     crons: crons_pb2_grpc.CronServiceStub
     creates: CreateBatches
+    reads: SharedTaskReads
 
     @classmethod
     def open(cls, settings: Settings) -> Backends:
@@ -47,6 +49,7 @@ class Backends:
             timeout_s=settings.rpc_timeout_ms / 1000,
             crons=crons_pb2_grpc.CronServiceStub(channels["scheduler"]),
             creates=CreateBatches(scheduler),
+            reads=SharedTaskReads(scheduler),
         )
 
     async def create_task(
@@ -54,6 +57,11 @@ class Backends:
     ) -> scheduler_pb2.CreateTaskResponse:
         """CreateTask, sent with the other creates of the moment (``gateway_http.create_batches``)."""
         return await self.creates.create(request, request_id, self.timeout_s)
+
+    async def get_task(self, task_id: str, request_id: str) -> scheduler_pb2.GetTaskResponse:
+        """GetTask from a read that began after this call, shared with the other callers for that task
+        (``gateway_http.task_reads``): the reply must not be changed."""
+        return await self.reads.get(task_id, request_id, self.timeout_s)
 
     async def health(self, timeout_s: float = 1.0) -> dict[str, str]:
         async def check(name: str, channel: grpc.aio.Channel) -> tuple[str, str]:

@@ -69,10 +69,7 @@ def _backends(request: Request) -> Backends:
 
 async def owned_task(request: Request, caller: SessionCaller, task_id: str) -> pb.Task:
     """The task, after checking it belongs to the caller's agent and session."""
-    backends = _backends(request)
-    reply = await backends.scheduler.GetTask(
-        pb.GetTaskRequest(task_id=task_id), timeout=backends.timeout_s, metadata=request_metadata(request)
-    )
+    reply = await _backends(request).get_task(task_id, request.state.request_id)
     if reply.task.agent_id != caller.agent_id or reply.task.session_id != caller.session_id:
         raise ApiError(403, "TASK_ACCESS_DENIED", "the task does not belong to this session")
     return reply.task
