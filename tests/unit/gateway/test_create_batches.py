@@ -16,6 +16,7 @@ from gateway_http.create_batches import CreateBatches
 from gateway_http.errors import from_rpc_error
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from tests.support.scheduler_rpc import served_scheduler
+from tests.support.waiting import until
 
 
 def create(title: str, **fields: object) -> pb.CreateTaskRequest:
@@ -40,14 +41,6 @@ class HeldScheduler:
         return pb.CreateTasksResponse(
             outcomes=[pb.CreateTaskOutcome(task=pb.Task(task_id=f"id-{i.request.title}")) for i in request.items]
         )
-
-
-async def until(condition: Any) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition not reached")
 
 
 async def test_creates_arriving_during_a_call_go_together_in_the_next() -> None:

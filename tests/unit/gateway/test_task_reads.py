@@ -13,6 +13,7 @@ import pytest
 
 from gateway_http.task_reads import SharedTaskReads
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from tests.support.waiting import until
 
 
 @dataclass
@@ -36,14 +37,6 @@ class HeldScheduler:
             return pb.GetTaskResponse(task=pb.Task(task_id=request.task_id, version=number))
 
         return answer()
-
-
-async def until(condition: Any) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition not reached")
 
 
 async def test_callers_during_a_read_share_the_next_read_not_the_one_under_way() -> None:
