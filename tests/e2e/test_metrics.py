@@ -6,7 +6,9 @@ a scrape before with one after.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,9 +146,14 @@ def task_stream(api: Api) -> Iterator[list[dict[str, object]]]:
     try:
         yield frames
     finally:
+        # Closing the response does not wake the reader blocked in recv (it waited for the next
+        # heartbeat: 10 s per stream); shutting the socket down does, and the gateway sees the close.
+        with contextlib.suppress(OSError):
+            response.extensions["network_stream"].get_extra_info("socket").shutdown(socket.SHUT_RDWR)
         response.close()
         client.close()
         reader.join(timeout=10)
+        assert not reader.is_alive(), "the stream's reader did not end"
 
 
 def test_task_streams_share_one_watch_and_send_slim_events(stack: Stack, api: Api) -> None:
