@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import grpc
 from google.rpc import status_pb2
 
+from gateway_http.errors import copy_rpc_error, deadline_exceeded
 from gateway_http.metrics import CREATE_BATCH
 from libs.grpc_client import REQUEST_ID_KEY
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
@@ -61,18 +62,11 @@ def item_error(outcome_status: bytes) -> grpc.aio.AioRpcError:
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def copy_rpc_error(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
-    """One exception object per waiting caller (a raised exception keeps its traceback)."""
-    return grpc.aio.AioRpcError(
-        exc.code(), exc.initial_metadata(), exc.trailing_metadata(), exc.details(), exc.debug_error_string()
-    )
-
-
-def deadline_exceeded() -> grpc.aio.AioRpcError:
-    """What a call whose own deadline passed raises."""
-    return grpc.aio.AioRpcError(
-        grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded"
-    )
+def _fail(batch: list[_Create], error: Exception) -> None:
+    """Each create of the batch still waiting fails with ``error`` (a gRPC error: a copy each)."""
+    for c in batch:
+        if not c.answer.done():
+            c.answer.set_exception(copy_rpc_error(error) if isinstance(error, grpc.aio.AioRpcError) else error)
 
 
 class CreateBatches:
@@ -140,21 +134,11 @@ class CreateBatches:
                 reply = await self.scheduler.CreateTasks(
                     request, timeout=max(remaining, 0.001), metadata=((REQUEST_ID_KEY, batch[0].request_id),)
                 )
-            except grpc.aio.AioRpcError as exc:
-                for c in batch:
-                    if not c.answer.done():
-                        c.answer.set_exception(copy_rpc_error(exc))
-                continue
             except Exception as exc:  # noqa: BLE001 - each waiting create fails with it, none hangs
-                for c in batch:
-                    if not c.answer.done():
-                        c.answer.set_exception(exc)
+                _fail(batch, exc)
                 continue
             if len(reply.outcomes) != len(batch):
-                broken = RuntimeError(f"CreateTasks answered {len(reply.outcomes)} outcomes for {len(batch)} creates")
-                for c in batch:
-                    if not c.answer.done():
-                        c.answer.set_exception(broken)
+                _fail(batch, RuntimeError(f"CreateTasks answered {len(reply.outcomes)} outcomes for {len(batch)}"))
                 continue
             for c, outcome in zip(batch, reply.outcomes, strict=True):
                 if c.answer.done():

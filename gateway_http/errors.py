@@ -195,3 +195,17 @@ def status_reason(status: int) -> str:
         return HTTPStatus(status).name
     except ValueError:
         return "HTTP_ERROR"
+
+
+def copy_rpc_error(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """One exception object per waiting caller (a raised exception keeps its traceback)."""
+    return grpc.aio.AioRpcError(
+        exc.code(), exc.initial_metadata(), exc.trailing_metadata(), exc.details(), exc.debug_error_string()
+    )
+
+
+def deadline_exceeded() -> grpc.aio.AioRpcError:
+    """What a call whose own deadline passed raises."""
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "Deadline Exceeded"
+    )

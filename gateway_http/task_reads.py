@@ -17,7 +17,7 @@ import asyncio
 
 import grpc
 
-from gateway_http.create_batches import copy_rpc_error, deadline_exceeded
+from gateway_http.errors import copy_rpc_error, deadline_exceeded
 from libs.grpc_client import REQUEST_ID_KEY
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -38,7 +38,6 @@ class SharedTaskReads:
         self.scheduler = scheduler
         self._running: dict[str, _Read] = {}  # the read in flight, per task
         self._next: dict[str, _Read] = {}  # the read the callers that came during it will share
-        self.calls = 0  # GetTask calls made (for tests and benchmarks)
 
     async def get(self, task_id: str, request_id: str, timeout_s: float) -> pb.GetTaskResponse:
         """What ``GetTask(task_id)`` answers, from a read that began after this call."""
@@ -63,7 +62,6 @@ class SharedTaskReads:
 
     def _start(self, task_id: str, read: _Read) -> None:
         self._running[task_id] = read
-        self.calls += 1
         call = self.scheduler.GetTask(
             pb.GetTaskRequest(task_id=task_id), timeout=read.timeout_s, metadata=((REQUEST_ID_KEY, read.request_id),)
         )
