@@ -577,8 +577,10 @@ def test_cli_lists_messages_and_notifications_and_watches_activity(env: Env) -> 
     assert listed.returncode == 0 and "message(s)" in listed.stdout, listed.stderr
     notes = run_cli(env.stack, "notifications", *rest, "list", "--state", "pending")
     assert notes.returncode == 0 and "0 notification(s)" in notes.stdout, notes.stderr
+    # SIGINT back to its default first: a suite started in the background (``make test &``, a CI
+    # job) inherits it ignored, and Python then installs no Ctrl+C handler in the CLI.
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "gateway_http.cli.main", "activity", *rest, "watch"],
+        ["env", "--default-signal=INT", sys.executable, "-m", "gateway_http.cli.main", "activity", *rest, "watch"],
         cwd=REPO,
         env={**os.environ, **env.stack.env},
         stdout=subprocess.PIPE,
@@ -591,4 +593,7 @@ def test_cli_lists_messages_and_notifications_and_watches_activity(env: Env) -> 
         assert watcher.stdout.readline().strip() == "[cli-r final] done"
     finally:
         watcher.send_signal(signal.SIGINT)
-        assert watcher.wait(timeout=10) == 0
+        try:
+            assert watcher.wait(timeout=10) == 0
+        finally:
+            watcher.kill()  # no-op once it exited; never left running after a failure
