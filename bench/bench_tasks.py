@@ -215,9 +215,31 @@ def own_cpu_seconds() -> float:
 CPU_PROCESSES = ("scheduler", "gateway", "notifier", "telemetry", "pending")
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """The process's CPU so far by thread kind — ``loop`` for the main thread (the event loop),
+    else the kernel's thread name without its number (``db_0`` -> ``db``; the services name their
+    threads, libs/thread_names.py; a library's thread started later inherits its creator's
+    name) — with the system part apart: ``{"db": ..., "db:sys": ...}``. A thread that ended is
+    no longer counted."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        kind = "loop" if task.name == str(pid) else (name.rstrip("0123456789").rstrip("_-") or name)
+        user, system = int(fields[11]) / tick, int(fields[12]) / tick
+        out[kind] = out.get(kind, 0.0) + user + system
+        out[f"{kind}:sys"] = out.get(f"{kind}:sys", 0.0) + system
+    return out
+
+
 class CpuMeter:
-    """CPU seconds of each service process, of the scheduler's reaped workers and of this client
-    between ``start`` and ``stop``; ``per_task_ms`` divides by the task count."""
+    """CPU seconds of each service process, of the scheduler's threads by kind, of its reaped
+    workers and of this client between ``start`` and ``stop``; ``per_task_ms`` divides by the
+    task count."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
@@ -228,6 +250,7 @@ class CpuMeter:
         out = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         out["workers"] = children_cpu_seconds(self.pids["scheduler"])
         out["client"] = own_cpu_seconds()
+        out.update({f"thread:{kind}": s for kind, s in thread_cpu_seconds(self.pids["scheduler"]).items()})
         return out
 
     def start(self) -> None:
@@ -235,7 +258,7 @@ class CpuMeter:
 
     def stop(self) -> None:
         end = self._sample()
-        self.used = {name: end[name] - self.began[name] for name in end}
+        self.used = {name: end[name] - self.began.get(name, 0.0) for name in end}  # a thread may start meanwhile
 
     def per_task_ms(self, n: int) -> dict[str, float]:
         return {name: used * 1000 / n for name, used in self.used.items()}
@@ -250,13 +273,30 @@ def cpu_line(per_task: dict[str, float]) -> str:
     )
 
 
+def threads_line(per_task: dict[str, float]) -> str:
+    """The scheduler's CPU per task by thread kind, heaviest first, each with its system (kernel)
+    share: ``loop`` the event loop, ``db`` the database threads, ``asyncio`` the loop's executor
+    (spawns, process-table reads, cgroup and file work), ``event_engine`` gRPC's own threads."""
+    kinds = sorted(
+        (k.removeprefix("thread:") for k in per_task if k.startswith("thread:") and not k.endswith(":sys")),
+        key=lambda kind: -per_task[f"thread:{kind}"],
+    )
+    shown = [k for k in kinds if per_task[f"thread:{k}"] >= 0.01]
+    parts = [f"{k} {per_task[f'thread:{k}']:.2f} (sys {per_task.get(f'thread:{k}:sys', 0.0):.2f})" for k in shown]
+    return "scheduler threads ms/task: " + ", ".join(parts)
+
+
 def _instant(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-async def task_latencies_ms(http: httpx.AsyncClient, base: str) -> list[float]:
-    """createdAt -> endedAt of every finished task of the session (the scheduler's own clock, ms)."""
-    out: list[float] = []
+async def task_latencies_ms(http: httpx.AsyncClient, base: str) -> tuple[list[float], list[float], list[float]]:
+    """Per finished task of the session (the scheduler's own clock, ms): createdAt -> endedAt,
+    and its two parts: createdAt -> startedAt (queued, claimed, spawned, released) and
+    startedAt -> endedAt (the worker's run, its exit seen, proven and committed)."""
+    total: list[float] = []
+    to_start: list[float] = []
+    running: list[float] = []
     page, pages = 0, 1
     while page < pages:
         r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 100, "page": page})
@@ -266,14 +306,22 @@ async def task_latencies_ms(http: httpx.AsyncClient, base: str) -> list[float]:
         for task in body["tasks"]:
             timing = task.get("timing", {})
             if "createdAt" in timing and "endedAt" in timing:
-                out.append((_instant(timing["endedAt"]) - _instant(timing["createdAt"])) * 1000)
+                created, ended = _instant(timing["createdAt"]), _instant(timing["endedAt"])
+                total.append((ended - created) * 1000)
+                if "startedAt" in timing:
+                    started = _instant(timing["startedAt"])
+                    to_start.append((started - created) * 1000)
+                    running.append((ended - started) * 1000)
         page += 1
-    return out
+    return total, to_start, running
 
 
-async def throughput_round(n: int, profile_to: str | None) -> tuple[float, dict[str, float], list[float]]:
-    """(tasks/s created -> completed, CPU ms per task by process — plus the gateway's per create
-    request alone and the number of list polls —, per-task latencies) for N
+async def throughput_round(
+    n: int, profile_to: str | None
+) -> tuple[float, dict[str, float], tuple[list[float], list[float], list[float]]]:
+    """(tasks/s created -> completed, CPU ms per task by process and by scheduler thread — plus
+    the gateway's per create request alone and the number of list polls —, per-task latencies
+    as ``task_latencies_ms`` gives them) for N
     `/bin/true` tasks. The creates and the completion poll go through the lean client: the
     client shares the cores with the services, and httpx cost ~2.4 ms of CPU per request."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -343,26 +391,38 @@ async def throughput_round(n: int, profile_to: str | None) -> tuple[float, dict[
 
 
 async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: str | None) -> None:
-    rates, cpus, all_latencies, per_round = [], [], [], []
+    rates, cpus, all_latencies, all_to_start, all_running, per_round = [], [], [], [], [], []
     for r in range(rounds):
-        rate, cpu, latencies = await throughput_round(n, profile_to if r == 0 else None)
+        rate, cpu, (latencies, to_start, running) = await throughput_round(n, profile_to if r == 0 else None)
         rates.append(rate)
         cpus.append(cpu)
         all_latencies.extend(latencies)
+        all_to_start.extend(to_start)
+        all_running.extend(running)
         extra = {f"{name}_cpu_ms_per_task": cpu[name] for name in (*CPU_PROCESSES, "workers", "client")}
+        extra.update(
+            {
+                f"scheduler_thread_{k.removeprefix('thread:').replace(':', '_')}_cpu_ms_per_task": v
+                for k, v in cpu.items()
+                if k.startswith("thread:")
+            }
+        )
         extra["gateway_cpu_ms_per_create_request"] = cpu["gateway_per_create"]
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
             f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, created->ended p50 {pct(latencies, 0.5):7.1f} ms, "
-            f"load {os.getloadavg()[0]:.2f}\n  {cpu_line(cpu)}",
+            f"load {os.getloadavg()[0]:.2f}\n  {cpu_line(cpu)}\n  {threads_line(cpu)}",
             flush=True,
         )
-    median_cpu = {name: statistics.median(c[name] for c in cpus) for name in cpus[0]}
+    names = {name for c in cpus for name in c}
+    median_cpu = {name: statistics.median(c.get(name, 0.0) for c in cpus) for name in names}
     print(
         f"REST created->completed, /bin/true workers, N={n} (median of {rounds}): "
         f"{statistics.median(rates):7.1f} tasks/s, "
-        f"created->ended p50 {pct(all_latencies, 0.5):7.1f} ms p99 {pct(all_latencies, 0.99):7.1f} ms\n"
+        f"created->ended p50 {pct(all_latencies, 0.5):7.1f} ms p99 {pct(all_latencies, 0.99):7.1f} ms "
+        f"(created->started p50 {pct(all_to_start, 0.5):.1f} ms, started->ended p50 {pct(all_running, 0.5):.1f} ms)\n"
         f"  {cpu_line(median_cpu)}\n"
+        f"  {threads_line(median_cpu)}\n"
         f"  (client: the lean load generator, bench/lean_http.py; reproduce: "
         f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds})"
     )

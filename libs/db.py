@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlmodel import Session
 
+from libs.thread_names import name_os_thread
+
 T = TypeVar("T")
 
 
@@ -178,6 +180,7 @@ class DatabaseThreads:
             self._threads.append(thread)
 
     def _serve(self) -> None:
+        name_os_thread(threading.current_thread().name)
         while (work := self._queue.get()) is not None:
             fn, future, loop = work
             if future.cancelled():  # the caller stopped waiting before it began

@@ -15,6 +15,7 @@ from libs.db import Database
 from libs.internal_auth import SecretsMissing, load_caller_auth
 from libs.log import configure_logging, get_logger
 from libs.settings import Settings, SettingsError, load_settings
+from libs.thread_names import name_loop_threads
 
 
 def boot(service: str, environ: Mapping[str, str]) -> Settings:
@@ -27,6 +28,12 @@ def boot(service: str, environ: Mapping[str, str]) -> Settings:
         sys.exit(f"{service}: {exc}")
     configure_logging(service, settings.log_level, settings.log_format)
     secure_data_dir(settings.data_dir)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # a synchronous caller: no loop threads to name
+        pass
+    else:
+        name_loop_threads(service)
     return settings
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from libs import proctree
 from libs.log import get_logger
+from libs.thread_names import name_after_python_thread
 from services.telemetry_agent.broadcast import Broadcaster, Subscription
 from services.telemetry_agent.domain import (
     MAX_WATCHES,
@@ -91,7 +92,9 @@ class Agent:
         self._prompt: set[str] = set()
         self._wake = asyncio.Event()
         self._broadcaster = Broadcaster(subscriber_backlog)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-sampler")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="sampler", initializer=name_after_python_thread
+        )
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
