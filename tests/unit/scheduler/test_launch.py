@@ -17,6 +17,7 @@ import pytest
 from libs import proctree
 from libs.db import Database
 from libs.settings import WorkerProfile
+from services.scheduler import processes
 from services.scheduler.domain import State
 from services.scheduler.store import MIGRATIONS, SchedulerStore
 from tests.support.postgres import fresh_database
@@ -258,4 +259,39 @@ async def test_only_a_task_that_asked_has_its_questions_closed_at_its_end(tmp_pa
         assert registry.closed == [asking.task_id]
         assert await h.engine.runtime.store.due_question_closes(h.engine.runtime.clock.now_ms() + 10**9) == []
     finally:
+        await h.close()
+
+
+async def test_the_dispatch_loop_fills_a_freed_slot_while_another_launch_is_still_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim's launches are not waited for together: with A's launch held up, B ends and its
+    slot takes C at once — before A runs (the loop used to wait for the whole claim)."""
+    h = await start_harness(tmp_path, workers={"quick": WorkerProfile(command=["true"])}, max_running=2)
+    slow_launch = asyncio.Event()
+    real_launch = processes.launch
+
+    async def launch(command: Any, cwd: Path, env: Any, log_path: Path, token: str, **kw: Any) -> Any:
+        if log_path.name.startswith(a.task_id):
+            await slow_launch.wait()
+        return await real_launch(command, cwd, env, log_path, token, **kw)
+
+    monkeypatch.setattr(processes, "launch", launch)
+    dispatcher: asyncio.Task[None] | None = None
+    try:
+        a = await h.create("quick", title="a")
+        b = await h.create("quick", title="b")
+        dispatcher = asyncio.create_task(h.engine.launcher.dispatch_loop())
+        h.engine.runtime.wake.set()
+        await h.wait(b.task_id, [State.COMPLETED])
+        c = await h.create("quick", title="c")
+        await h.wait(c.task_id, [State.COMPLETED])
+        assert (await h.engine.store.get_task(a.task_id)).state == State.QUEUED, "A's launch is still held"
+        slow_launch.set()
+        await h.wait(a.task_id, [State.COMPLETED])
+    finally:
+        slow_launch.set()
+        if dispatcher is not None:
+            dispatcher.cancel()
+            await asyncio.gather(dispatcher, return_exceptions=True)
         await h.close()
