@@ -273,20 +273,6 @@ def cpu_line(per_task: dict[str, float]) -> str:
     )
 
 
-def calibration_ms() -> float:
-    """CPU ms of a fixed pure-Python loop (the lowest of three): how fast this machine is right
-    now. The VM's speed drifts by tens of percent within minutes; a round's figures are only
-    comparable with another's next to this number."""
-    best = float("inf")
-    for _ in range(3):
-        began = time.process_time()
-        total = 0
-        for i in range(1_000_000):
-            total += i * i
-        best = min(best, (time.process_time() - began) * 1000)
-    return best
-
-
 def threads_line(per_task: dict[str, float]) -> str:
     """The scheduler's CPU per task by thread kind, heaviest first, each with its system (kernel)
     share: ``loop`` the event loop, ``db`` the database threads, ``asyncio`` the loop's executor
@@ -297,8 +283,7 @@ def threads_line(per_task: dict[str, float]) -> str:
     )
     shown = [k for k in kinds if per_task[f"thread:{k}"] >= 0.01]
     parts = [f"{k} {per_task[f'thread:{k}']:.2f} (sys {per_task.get(f'thread:{k}:sys', 0.0):.2f})" for k in shown]
-    calibration = f"; machine: a fixed loop took {per_task['calibration']:.0f} ms" if "calibration" in per_task else ""
-    return "scheduler threads ms/task: " + ", ".join(parts) + calibration
+    return "scheduler threads ms/task: " + ", ".join(parts)
 
 
 def _instant(iso: str) -> float:
@@ -408,9 +393,7 @@ async def throughput_round(
 async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: str | None) -> None:
     rates, cpus, all_latencies, all_to_start, all_running, per_round = [], [], [], [], [], []
     for r in range(rounds):
-        before = calibration_ms()
         rate, cpu, (latencies, to_start, running) = await throughput_round(n, profile_to if r == 0 else None)
-        cpu["calibration"] = (before + calibration_ms()) / 2
         rates.append(rate)
         cpus.append(cpu)
         all_latencies.extend(latencies)
@@ -425,7 +408,6 @@ async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: 
             }
         )
         extra["gateway_cpu_ms_per_create_request"] = cpu["gateway_per_create"]
-        extra["calibration_ms"] = cpu["calibration"]
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
             f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, created->ended p50 {pct(latencies, 0.5):7.1f} ms, "
