@@ -113,8 +113,13 @@ def cmd_keys_revoke(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_members_add(args: argparse.Namespace, out: TextIO) -> int:
-    added = _in_transaction(lambda s: GatewayStore.add_member(s, args.agent, args.session, args.principal))
-    print(("added" if added else "already a member:") + f" {args.principal} → {args.agent}/{args.session}", file=out)
+    """One principal into one or more sessions of an agent, in one transaction."""
+    sessions = list(dict.fromkeys(args.session))  # a session named twice is added once
+    added = _in_transaction(
+        lambda s: [GatewayStore.add_member(s, args.agent, session, args.principal) for session in sessions]
+    )
+    for session, new in zip(sessions, added, strict=True):
+        print(("added" if new else "already a member:") + f" {args.principal} → {args.agent}/{session}", file=out)
     return 0
 
 
@@ -407,7 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn in (("add", cmd_members_add), ("remove", cmd_members_remove)):
         p = members.add_parser(name)
         p.add_argument("--agent", required=True, type=_id("agent"))
-        p.add_argument("--session", required=True, type=_id("session"))
+        if name == "add":
+            p.add_argument("--session", required=True, action="append", type=_id("session"), help="repeat for several")
+        else:
+            p.add_argument("--session", required=True, type=_id("session"))
         p.add_argument("--principal", required=True, type=_id("principal"))
         p.set_defaults(fn=fn)
     secrets = admin_sub.add_parser("secrets", help="internal gRPC caller secrets").add_subparsers(

@@ -35,9 +35,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import Api, add_member, run_cli
+from tests.e2e.conftest import Api, add_member, add_members, run_cli
 from tests.e2e.test_notifier import Receiver, start_receiver
-from tests.support.postgres import fresh_database
 from tests.support.stack import Stack, make_stack
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -155,16 +154,13 @@ def chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Chaos]:
     stack = make_stack(tmp_path / "stack")
     configure(stack, receiver)
     if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_url")
-        for service in ("scheduler", "pending", "notifier", "gateway"):
-            stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(url, f"chaos_{service}")
+        stack.use_postgresql(request.getfixturevalue("postgres_url"), prefix="chaos_")
     try:
         stack.start()
         result = run_cli(stack, "admin", "keys", "create", "--principal", "chaos", "--agent", AGENT)
         assert result.returncode == 0, result.stderr
         key = result.stdout.strip().splitlines()[-1]
-        for victim in ROUNDS:
-            add_member(stack, AGENT, f"round-{victim}", "chaos")
+        add_members(stack, AGENT, [f"round-{victim}" for victim in ROUNDS], "chaos")
         c = Chaos(stack, receiver, key, tmp_path / "work")
         FIGURES[request.param] = c.figures
         yield c

@@ -25,7 +25,6 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import add_member, create_key
-from tests.support.postgres import fresh_database
 from tests.support.stack import Stack, make_stack
 
 AGENT, SESSION = "agent-batches", "chaos-batches"
@@ -94,9 +93,7 @@ def client(stack: Stack, key: str, request_ids: list[str], out: Creates) -> None
 def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     stack = make_stack(tmp_path / "stack", extra_config=CONFIG, max_running=16)
     if request.param == "postgresql":
-        url = request.getfixturevalue("postgres_url")
-        for service in ("scheduler", "pending", "notifier", "gateway"):
-            stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(url, f"batches_{service}")
+        stack.use_postgresql(request.getfixturevalue("postgres_url"), prefix="batches_")
     try:
         stack.start()
         yield stack

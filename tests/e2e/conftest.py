@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,15 @@ def create_key(stack: Stack, principal: str, *agents: str) -> str:
 
 
 def add_member(stack: Stack, agent: str, session: str, principal: str) -> None:
-    result = run_cli(stack, "admin", "members", "add", "--agent", agent, "--session", session, "--principal", principal)
+    add_members(stack, agent, [session], principal)
+
+
+def add_members(stack: Stack, agent: str, sessions: Sequence[str], principal: str) -> None:
+    """``principal`` into each of ``sessions`` with one CLI run (each run starts a Python)."""
+    args = ["admin", "members", "add", "--agent", agent, "--principal", principal]
+    for session in sessions:
+        args += ["--session", session]
+    result = run_cli(stack, *args)
     assert result.returncode == 0, result.stderr
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import Api, add_member, create_key, run_cli
+from tests.e2e.conftest import Api, add_member, add_members, create_key, run_cli
 from tests.support.procs import REPO, free_port
 from tests.support.stack import Stack, make_stack
 
@@ -164,10 +164,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         assert result.returncode == 0, result.stderr
         lines = result.stdout.strip().splitlines()
         key, key_id = lines[-1], lines[0].split()[-1]
-        for session in SESSIONS:
-            add_member(stack, "agent-1", session, "nora")
-        for session in HOOK_SESSIONS:
-            add_member(stack, HOOK_AGENT, session, "nora")
+        add_members(stack, "agent-1", SESSIONS, "nora")
+        add_members(stack, HOOK_AGENT, HOOK_SESSIONS, "nora")
         yield Env(stack, receiver, key, key_id)
     except Exception:
         print(stack.logs())

@@ -7,14 +7,11 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import AGENT, SESSION, Api, add_member, create_key
-from tests.support.postgres import fresh_database
 from tests.support.stack import make_stack
 
 
 def test_a_task_completes_with_every_database_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
-    stack = make_stack(tmp_path / "pg-stack")
-    for service in ("scheduler", "pending", "notifier", "gateway"):
-        stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(postgres_url, service)
+    stack = make_stack(tmp_path / "pg-stack").use_postgresql(postgres_url)
     try:
         stack.start()
     except Exception:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Api, add_member, create_key, run_cli
+from tests.e2e.conftest import Api, add_members, create_key, run_cli
 from tests.e2e.test_notifier import Received, Receiver, start_receiver
 from tests.support.stack import Stack, make_stack
 
@@ -69,8 +69,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     assert stack is not None
     try:
         key = create_key(stack, "nora", AGENT)
-        for session in SESSIONS:
-            add_member(stack, AGENT, session, "nora")
+        add_members(stack, AGENT, SESSIONS, "nora")
         yield Env(stack, receiver, key, server)
     except Exception:
         print(stack.logs())

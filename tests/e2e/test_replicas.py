@@ -24,7 +24,6 @@ import pytest
 from libs import proctree
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.support.postgres import fresh_database
 from tests.support.stack import Stack, make_stack
 
 pytestmark = pytest.mark.postgres
@@ -34,9 +33,7 @@ GRACE_MS = 1000
 
 
 def replica_stack(tmp_path: Path, postgres_url: str, replicas: int, **tasks: int) -> Stack:
-    stack = make_stack(tmp_path / "replicas", **tasks)
-    for service in ("scheduler", "pending", "notifier", "gateway"):
-        stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(postgres_url, service)
+    stack = make_stack(tmp_path / "replicas", **tasks).use_postgresql(postgres_url)
     stack.add_scheduler_replicas(replicas - 1, lease_ms=LEASE_MS, grace_ms=GRACE_MS)
     try:
         stack.start()

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import httpx
 
+from tests.support.postgres import fresh_database
 from tests.support.procs import REPO, ServiceProcess, as_nobody_command, channel, free_port, wait_grpc_serving
 
 BEHAVE = REPO / "tests" / "workers" / "behave.py"
@@ -142,6 +143,12 @@ class Stack:
     def worker_addr(self) -> str:
         """The worker API (a Unix socket) that workers running as this uid get."""
         return f"unix:{self.env['TASKGATE_WORKER_SOCKET_DIR']}/{os.getuid()}/worker.sock"
+
+    def use_postgresql(self, postgres_url: str, prefix: str = "") -> Stack:
+        """Every service that keeps a database gets a fresh one on the cluster at ``postgres_url``."""
+        for service in ("scheduler", "pending", "notifier", "gateway"):
+            self.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(postgres_url, f"{prefix}{service}")
+        return self
 
     def add_scheduler_replicas(self, count: int, lease_ms: int | None = None, grace_ms: int | None = None) -> list[str]:
         """``count`` more scheduler processes on the scheduler's (PostgreSQL) database, each with its

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +94,34 @@ def test_tasks_commands_need_a_key(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     monkeypatch.delenv("TASKGATE_API_KEY", raising=False)
     assert cli.main(["tasks", "--agent", "a", "--session", "s", "list"]) == 2
     assert "TASKGATE_API_KEY" in capsys.readouterr().err
+
+
+def test_members_add_takes_several_sessions_in_one_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in [n for n in os.environ if n.startswith("TASKGATE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TASKGATE_DATA_DIR", str(tmp_path))
+    base = ["admin", "members", "add", "--agent", "agent-1", "--principal", "nora"]
+
+    out = io.StringIO()
+    assert cli.main([*base, "--session", "s1", "--session", "s2", "--session", "s1"], out) == 0
+    assert out.getvalue().splitlines() == ["added nora → agent-1/s1", "added nora → agent-1/s2"]
+
+    out = io.StringIO()
+    assert cli.main([*base, "--session", "s2", "--session", "s3"], out) == 0
+    assert out.getvalue().splitlines() == ["already a member: nora → agent-1/s2", "added nora → agent-1/s3"]
+
+    out = io.StringIO()
+    assert cli.main(["admin", "members", "list", "--agent", "agent-1"], out) == 0
+    listed = [line.split()[1] for line in out.getvalue().splitlines() if line.startswith("agent-1")]
+    assert listed == ["s1", "s2", "s3"]
+
+
+def test_members_add_refuses_a_bad_session_and_adds_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in [n for n in os.environ if n.startswith("TASKGATE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TASKGATE_DATA_DIR", str(tmp_path))
+    with pytest.raises(SystemExit):
+        cli.main(["admin", "members", "add", "--agent", "a", "--principal", "p", "--session", "ok", "--session", ".x"])
+    out = io.StringIO()
+    assert cli.main(["admin", "members", "list"], out) == 0
+    assert not [line for line in out.getvalue().splitlines() if line.startswith("a ")]
