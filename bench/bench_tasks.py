@@ -194,16 +194,24 @@ async def main() -> None:
         )
 
 
+def _cpu_fields(stat: Path) -> tuple[float, float, float, float]:
+    """(user, system, waited-for children's user, their system) in seconds from a ``stat`` file
+    of /proc (a process's or one of its threads')."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[13]) / tick, int(fields[14]) / tick
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU a process has used so far (from /proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    user, system, _, _ = _cpu_fields(Path(f"/proc/{pid}/stat"))
+    return user + system
 
 
 def children_cpu_seconds(pid: int) -> float:
     """CPU of the process's children it has waited for (the scheduler's: its workers)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    _, _, user, system = _cpu_fields(Path(f"/proc/{pid}/stat"))
+    return user + system
 
 
 def own_cpu_seconds() -> float:
@@ -222,15 +230,13 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     name) — with the system part apart: ``{"db": ..., "db:sys": ...}``. A thread that ended is
     no longer counted."""
     out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            user, system, _, _ = _cpu_fields(task / "stat")
         except OSError:  # the thread ended meanwhile
             continue
         kind = "loop" if task.name == str(pid) else (name.rstrip("0123456789").rstrip("_-") or name)
-        user, system = int(fields[11]) / tick, int(fields[12]) / tick
         out[kind] = out.get(kind, 0.0) + user + system
         out[f"{kind}:sys"] = out.get(f"{kind}:sys", 0.0) + system
     return out

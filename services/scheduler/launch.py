@@ -111,25 +111,31 @@ class Launcher:
 
     async def _start_launches(self) -> None:
         """Claim what the room allows and start each claimed task's launch (not waited for)."""
+        # While launches are under way a claim waits for a quarter of the slots: a claim is a
+        # transaction that reads past every launching task, and one per freed slot cost more.
+        batch = max(1, self.rt.tasks_cfg.max_running // 4)
+        while await self._claim_and_start(min_room=batch if self._launching else 1):
+            pass
+
+    async def _claim_and_start(self, min_room: int = 1) -> list[asyncio.Task[bool]]:
+        """One claim of up to the free room (none below ``min_room``) for this host — FOR UPDATE
+        SKIP LOCKED on PostgreSQL, so another replica dispatching at once takes other tasks —
+        and each claimed task's launch started; the launches (empty: nothing claimed)."""
         rt = self.rt
-        max_running = rt.tasks_cfg.max_running
-        while not rt.closing:
-            busy = rt.live.keys() | self._launching.keys()
-            room = max_running - len(busy)
-            if room <= 0:
-                return
-            if self._launching and room < max(1, max_running // 4):
-                # A claim is a transaction that reads past every launching task: while launches
-                # are under way, one claims a quarter of the slots at a time, not each one freed.
-                return
-            claimed = await rt.store.claim_queued(room, skip=list(busy), any_owner=not rt.multi_host)
-            claimed = [task_id for task_id in claimed if task_id not in self._launching]
-            if not claimed:
-                return
-            for task_id in claimed:
-                launch = asyncio.create_task(self.launch(task_id), name=f"launch-{task_id}")
-                self._launching[task_id] = launch
-                launch.add_done_callback(functools.partial(self._launch_done, task_id))
+        busy = rt.live.keys() | self._launching.keys()
+        room = rt.tasks_cfg.max_running - len(busy)
+        if rt.closing or room < min_room:
+            return []
+        claimed = await rt.store.claim_queued(room, skip=list(busy), any_owner=not rt.multi_host)
+        launches = []
+        for task_id in claimed:
+            if task_id in self._launching:
+                continue
+            launch = asyncio.create_task(self.launch(task_id), name=f"launch-{task_id}")
+            self._launching[task_id] = launch
+            launch.add_done_callback(functools.partial(self._launch_done, task_id))
+            launches.append(launch)
+        return launches
 
     def _launch_done(self, task_id: str, launch: asyncio.Task[bool]) -> None:
         self._launching.pop(task_id, None)
@@ -145,21 +151,10 @@ class Launcher:
         """Launch queued tasks while there is room, each claim's launches awaited before the next
         claim; returns how many were launched (one pass, for tests and tools: the dispatch loop
         does not wait for launches)."""
-        rt = self.rt
         launched = 0
-        while not rt.closing:
-            busy = rt.live.keys() | self._launching.keys()
-            room = rt.tasks_cfg.max_running - len(busy)
-            if room <= 0:
-                break
-            # Claimed for this host (FOR UPDATE SKIP LOCKED on PostgreSQL): another replica
-            # dispatching at the same moment takes other tasks.
-            claimed = await rt.store.claim_queued(room, skip=list(busy), any_owner=not rt.multi_host)
-            if not claimed:
-                break
-            # Concurrently: one launch's database work overlaps another's fork/exec.
-            results = await asyncio.gather(*(self.launch(task_id) for task_id in claimed))
-            launched += sum(results)
+        # Concurrently: one launch's database work overlaps another's fork/exec.
+        while launches := await self._claim_and_start():
+            launched += sum(await asyncio.gather(*launches))
         return launched
 
     async def launch(self, task_id: str) -> bool:

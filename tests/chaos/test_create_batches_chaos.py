@@ -46,7 +46,7 @@ class Creates:
     acked: dict[str, str] = field(default_factory=dict)  # request id -> task id of its 201
     acked_before_kill: dict[str, str] = field(default_factory=dict)
     failures: Counter[str] = field(default_factory=Counter)  # non-201 answers and transport errors
-    retried_to_same: int = 0  # creates sent again after a failure whose 201 named an existing task
+    resent: int = 0  # creates answered 201 only after being sent again (a failed answer first)
     lock: threading.Lock = field(default_factory=threading.Lock)
     killed: threading.Event = field(default_factory=threading.Event)
     errors: list[str] = field(default_factory=list)
@@ -86,7 +86,7 @@ def client(stack: Stack, key: str, request_ids: list[str], out: Creates) -> None
                 if not out.killed.is_set():
                     out.acked_before_kill[request_id] = task_id
                 if failed_before:
-                    out.retried_to_same += 1
+                    out.resent += 1
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -160,6 +160,6 @@ def test_a_scheduler_killed_mid_batch_loses_and_doubles_no_create(stack: Stack) 
     assert states == Counter({"completed": CREATES}), states
     print(
         f"\ncreate batches under a scheduler SIGKILL: {CREATES} creates, {len(out.acked_before_kill)}"
-        f" acknowledged before the kill, failed answers {dict(out.failures)}, {out.retried_to_same}"
+        f" acknowledged before the kill, failed answers {dict(out.failures)}, {out.resent}"
         f" creates sent again after a failure, 0 lost, 0 doubled"
     )
