@@ -8,7 +8,14 @@ PEERS_VENV := var/bench-peers-venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 BENCH_ARGS ?=
 
-.PHONY: run test chaos test-fast bench bench-peers proto proto-check lint clean
+.PHONY: run test chaos fuzz bench bench-peers proto proto-check lint clean bytecode
+
+# The project's own modules compiled once (incremental: ~0.3 s when nothing changed). Every
+# service, CLI call and worker of a run starts a fresh Python; where PYTHONDONTWRITEBYTECODE is
+# set (as on this machine) each of them compiled ~300 modules again, ~0.5 s of CPU per start.
+SOURCES := libs services gateway_http examples protos/taskgate scripts tests bench
+bytecode: $(STAMP)
+	@$(PY) -m compileall -q -j0 $(SOURCES) > /dev/null
 
 # (Re)create the environment when the lock or the project metadata changes.
 $(STAMP): requirements.lock pyproject.toml
@@ -18,16 +25,22 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) bytecode
 	$(PY) scripts/devrun.py
 
-test: $(STAMP)
+test: $(STAMP) bytecode
 	$(PY) -m pytest -q
 
 # Kills every service in turn, SIGTERMs the stack, fills the disk (SQLite and PostgreSQL);
 # prints its figures. Not part of `make test` (the `chaos` marker is deselected there).
-chaos: $(STAMP)
+chaos: $(STAMP) bytecode
 	$(PY) -m pytest -q -s -m chaos tests/chaos
+
+# The schemathesis fuzz of the REST API, deeper than in `make test` (FUZZ_EXAMPLES per operation
+# in its fuzzing phase; the suite uses 12).
+FUZZ_EXAMPLES ?= 100
+fuzz: $(STAMP) bytecode
+	TASKGATE_FUZZ_MAX_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/e2e/test_openapi_fuzz.py
 
 $(PEERS_STAMP): bench/peers/requirements.txt
 	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
