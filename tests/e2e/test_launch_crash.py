@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.support.procs import ServiceProcess, free_port
 from tests.support.procs import channel as service_channel
+from tests.support.stack import worker_socket_dir
 from tests.unit.scheduler.test_proof import cgroups_available
 
 CONFIG = """
@@ -90,7 +90,7 @@ def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
         "TASKGATE_SCHEDULER_ADDR": addr,
         "TASKGATE_TELEMETRY_ADDR": f"127.0.0.1:{free_port()}",
         "TASKGATE_PENDING_ADDR": f"127.0.0.1:{free_port()}",
-        "TASKGATE_WORKER_SOCKET_DIR": tempfile.mkdtemp(prefix="tg-crash-"),
+        "TASKGATE_WORKER_SOCKET_DIR": worker_socket_dir(),  # removed when the run ends
         "TASKGATE_TASKS_FAULT_HOLD_LAUNCH_MS": "600000",
     }
     first = ServiceProcess("services.scheduler", env, tmp_path / "first.log", addr).start()
