@@ -275,7 +275,8 @@ def cpu_line(per_task: dict[str, float]) -> str:
     parts = [f"{name} {per_task[name]:.2f}" for name in (*CPU_PROCESSES, "client")]
     return (
         f"CPU ms/task: {', '.join(parts)} (services {services:.2f}; workers, reaped {per_task['workers']:.2f}; "
-        f"gateway per create request {per_task['gateway_per_create']:.2f}, {per_task['polls']:.0f} list polls)"
+        f"gateway per create request {per_task['gateway_per_create']:.2f}, {per_task['polls']:.0f} list polls; "
+        f"the creates took {100 * per_task['creates_share']:.0f} % of the run)"
     )
 
 
@@ -368,6 +369,7 @@ async def throughput_round(
                 meter.start()
                 began = time.perf_counter()
                 await lean.repeat(create, n, expect=201)
+                creates_s = time.perf_counter() - began
                 # The gateway's share of the creates alone (the polls below cost it too).
                 gateway_create_ms = (cpu_seconds(pids["gateway"]) - meter.began["gateway"]) * 1000 / n
                 polls = 0
@@ -390,7 +392,12 @@ async def throughput_round(
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 await spy.wait()
-            figures = {**meter.per_task_ms(n), "gateway_per_create": gateway_create_ms, "polls": float(polls)}
+            figures = {
+                **meter.per_task_ms(n),
+                "gateway_per_create": gateway_create_ms,
+                "polls": float(polls),
+                "creates_share": creates_s / total_s,
+            }
             return n / total_s, figures, latencies
         finally:
             stack.stop()
