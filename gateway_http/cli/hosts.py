@@ -133,7 +133,10 @@ def register(admin_sub: Any, settings: Callable[[], Settings]) -> None:
     listing.set_defaults(fn=commands.list)
     resolve = sub.add_parser(
         "resolve",
-        help="settle a lost host's HOST_LOST tasks by their kept outcome, on your word that the host is gone",
+        help=(
+            "settle a lost host's HOST_LOST and CLEANUP_UNCONFIRMED tasks by their kept outcome, on your word"
+            " that the host is gone"
+        ),
     )
     resolve.add_argument("host_id")
     resolve.add_argument(

@@ -1335,15 +1335,20 @@ def host_gone_note(host_id: str) -> str:
     return f"the operator confirmed scheduler host {host_id} gone; its worker was never proven stopped"
 
 
+# What the operator's word settles: a task parked for want of proof that only its host could give.
+RESOLVED_BY_HOST_GONE = frozenset({FailureCode.HOST_LOST, FailureCode.CLEANUP_UNCONFIRMED})
+
+
 def resolve_host_gone(task: Task, host_id: str, now: int) -> bool:
-    """The operator confirmed the task's lost host gone for good (its workers with it): a
-    HOST_LOST task gets the outcome its own recovery would have given (kept in
+    """The operator confirmed the task's lost host gone for good (its workers with it): a task
+    that waits there for proof — HOST_LOST, or CLEANUP_UNCONFIRMED (survivors of a stop that only
+    that host can look for) — gets the outcome its own host would have given it (kept in
     ``pending_outcome``), recorded as the operator's word rather than a proven stop."""
     if (
         task.owner_host != host_id
         or task.state != State.NEEDS_RECONCILIATION
         or task.failure is None
-        or task.failure.code != FailureCode.HOST_LOST
+        or task.failure.code not in RESOLVED_BY_HOST_GONE
     ):
         return False
     note = host_gone_note(host_id)

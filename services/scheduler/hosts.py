@@ -187,15 +187,16 @@ class HostResolution:
 
     host_id: str
     resolved: list[Task] = field(default_factory=list)
-    # Tasks of that host in needs_reconciliation for another reason (e.g. CLEANUP_UNCONFIRMED).
+    # Tasks of that host in needs_reconciliation that the operator's word does not settle.
     left: int = 0
     forgotten: bool = False
 
     @property
     def message(self) -> str:
+        waiting = "HOST_LOST or CLEANUP_UNCONFIRMED"
         if not self.resolved:
-            return f"nothing to resolve: host {self.host_id} holds no HOST_LOST task"
-        return f"resolved {len(self.resolved)} HOST_LOST task(s) of host {self.host_id}"
+            return f"nothing to resolve: host {self.host_id} holds no task waiting for it ({waiting})"
+        return f"resolved {len(self.resolved)} task(s) of host {self.host_id} that waited for it ({waiting})"
 
 
 class LostHosts:

@@ -1085,8 +1085,8 @@ class SchedulerStore:
         return bool(held)
 
     async def host_lost_tasks_of(self, host_id: str, after: str = "", limit: int = 500) -> list[str]:
-        """Ids of ``host_id``'s tasks waiting in needs_reconciliation (the HOST_LOST ones among
-        them), in id order after ``after``."""
+        """Ids of ``host_id``'s tasks waiting in needs_reconciliation (those the operator's word
+        settles among them: HOST_LOST, CLEANUP_UNCONFIRMED), in id order after ``after``."""
 
         def work(s: Tx) -> list[str]:
             rows = _rows(
@@ -1105,7 +1105,8 @@ class SchedulerStore:
         return await self.group.alone(work)
 
     async def resolve_host_gone(self, task_id: str, host_id: str, now: int) -> tuple[Task, StoredEvent | None]:
-        """One HOST_LOST task of a host the operator confirmed gone, in its own transaction: its
+        """One task of a host the operator confirmed gone that waits for proof there (HOST_LOST,
+        CLEANUP_UNCONFIRMED: ``domain.resolve_host_gone``), in its own transaction: its
         kept outcome happens (a re-queue releases it to any host), the gone host's unended
         attempts end, and an event is written. HostLive when that host renewed its lease or a
         process holds its id (the host row is read under a share lock, as a sweep does)."""

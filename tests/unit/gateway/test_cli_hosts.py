@@ -57,7 +57,7 @@ async def test_hosts_list_and_resolve_with_the_operators_assertion(
 
     code, out = await run_cli("admin", "hosts", "resolve", "lost-box", "--host-is-gone")
     assert code == 0, capsys.readouterr().err
-    assert "resolved 1 HOST_LOST task(s) of host lost-box" in out
+    assert "resolved 1 task(s) of host lost-box that waited for it" in out
     assert task.task_id in out and "queued" in out and "removed from the hosts table" in out
     assert (await survivor.engine.store.get_task(task.task_id)).state == State.QUEUED
 

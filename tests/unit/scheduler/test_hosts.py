@@ -19,7 +19,7 @@ from libs.grpc_server import ServerSecurity, start_server
 from libs.ids import time_ordered_id
 from libs.internal_auth import CallerAuth
 from services.scheduler import domain
-from services.scheduler.domain import Attempt, Cancellation, FailureCode, State, Task
+from services.scheduler.domain import Attempt, Cancellation, FailureCode, PendingOutcome, State, Task
 from services.scheduler.engine import Engine
 from services.scheduler.hosts import default_host_id
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
@@ -274,12 +274,17 @@ def test_resolving_a_gone_host_applies_the_kept_outcome_as_the_operators_word() 
     domain.mark_host_lost(pausing, "h1", NOW)
     assert domain.resolve_host_gone(pausing, "h1", NOW + 1) and pausing.state == State.PAUSED
     assert not domain.resolve_host_gone(pausing, "h1", NOW + 2), "once"
-    # Only HOST_LOST tasks of that host: an unproven cleanup, or another host's task, is left.
+    # An unproven cleanup there too: its survivors went with the host (only it could look again).
     unproven = new_task(state=State.RUNNING, owner="h1")
     domain.mark_unconfirmed(unproven, domain.interrupted_outcome(), "still there", NOW)
+    assert domain.resolve_host_gone(unproven, "h1", NOW + 1) and unproven.state == State.QUEUED
+    assert unproven.failure is not None and unproven.failure.code == FailureCode.HOST_LOST
+    assert "operator confirmed" in unproven.failure.message
+    # Another host's task, and a row waiting without a recorded reason, are left.
     other = new_task(state=State.RUNNING, owner="h2")
     domain.mark_host_lost(other, "h2", NOW)
-    assert not domain.resolve_host_gone(unproven, "h1", NOW) and not domain.resolve_host_gone(other, "h1", NOW)
+    reasonless = new_task(state=State.NEEDS_RECONCILIATION, owner="h1")
+    assert not domain.resolve_host_gone(other, "h1", NOW) and not domain.resolve_host_gone(reasonless, "h1", NOW)
 
 
 def test_a_host_is_resolvable_only_when_not_live_not_this_replica_and_known() -> None:
@@ -356,12 +361,16 @@ async def test_a_lost_hosts_tasks_resolve_to_their_kept_outcome_and_run_once_on_
     await lost.update_task(
         cancelling.task_id, lambda t: domain.request_cancel(t, cancel, NOW), "task.state_changed", NOW
     )
+    # A user's cancel whose stop the lost host could not prove: only that host could look again.
+    await lost.update_task(unproven.task_id, lambda t: domain.request_cancel(t, cancel, NOW), "task.state_changed", NOW)
     await lost.update_task(
         unproven.task_id,
-        lambda t: t if domain.mark_unconfirmed(t, domain.interrupted_outcome(), "x", NOW) else None,
+        lambda t: t if domain.mark_unconfirmed(t, PendingOutcome(state=State.CANCELLED), "pid 4242", NOW) else None,
         "task.state_changed",
         NOW,
     )
+    with pytest.raises(domain.InvalidTransition, match="owned by scheduler host lost; retry its cleanup there"):
+        await survivor.engine.retry_cleanup(unproven.task_id)  # its advice: resolve the host
     store = survivor.engine.store
     await store.sweep_lost(running.task_id, "lost", NOW, NOW)  # swept already; the rest is not yet
 
@@ -370,8 +379,8 @@ async def test_a_lost_hosts_tasks_resolve_to_their_kept_outcome_and_run_once_on_
     assert (listed.queued, listed.active, listed.needs_reconciliation, listed.host_lost) == (1, 1, 2, 1)
 
     done = await survivor.engine.resolve_lost_host("lost")
-    assert {t.task_id for t in done.resolved} == {running.task_id, cancelling.task_id}
-    assert done.left == 1 and done.forgotten
+    assert {t.task_id for t in done.resolved} == {running.task_id, cancelling.task_id, unproven.task_id}
+    assert done.left == 0 and done.forgotten
     after = {t.task_id: t for t in await store.tasks_in_states(list(State))}
     requeued = after[running.task_id]
     assert requeued.state == State.QUEUED and requeued.owner_host is None
@@ -381,19 +390,29 @@ async def test_a_lost_hosts_tasks_resolve_to_their_kept_outcome_and_run_once_on_
     assert ended.state == State.CANCELLED and ended.cancellation is not None
     assert ended.cancellation.cleanup == domain.HOST_GONE_CLEANUP
     assert after[claimed.task_id].state == State.QUEUED and after[claimed.task_id].owner_host is None
-    assert after[unproven.task_id].state == State.NEEDS_RECONCILIATION, "not HOST_LOST: left alone"
+    settled = after[unproven.task_id]  # CLEANUP_UNCONFIRMED: its survivors went with the host
+    assert settled.state == State.CANCELLED and settled.cancellation is not None
+    assert settled.cancellation.cleanup == domain.HOST_GONE_CLEANUP
+    (unproven_attempt,) = await store.attempts_of(unproven.task_id)
+    assert unproven_attempt.state == "ended"
     (old_attempt,) = await store.attempts_of(running.task_id)
     assert old_attempt.state == "ended" and old_attempt.outcome == domain.HOST_GONE_CLEANUP
     # One event per settled task, written by the resolving replica.
     _, events = await store.events_after(0, (), 500)
-    resolved_events = [e for e in events if e.task.task_id in {running.task_id, cancelling.task_id}]
-    assert {e.task.state for e in resolved_events} >= {State.QUEUED, State.CANCELLED}
+    resolved = {running.task_id, cancelling.task_id, unproven.task_id}
+    resolved_events = [
+        e
+        for e in events
+        if e.task.task_id in resolved and e.origin == "survivor" and e.task.state != State.NEEDS_RECONCILIATION
+    ]
+    assert sorted(e.task.task_id for e in resolved_events) == sorted(resolved)
+    assert {e.task.state for e in resolved_events} == {State.QUEUED, State.CANCELLED}
     with pg_db.engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT host_id FROM scheduler_hosts")).all()
     assert [r.host_id for r in rows] == ["survivor"], "the lost host's row is dropped"
 
-    again = await survivor.engine.resolve_lost_host("lost")  # still known: a task names it
-    assert again.resolved == [] and "nothing to resolve" in again.message
+    with pytest.raises(domain.HostNotFound, match="already resolved"):  # no task names it any more
+        await survivor.engine.resolve_lost_host("lost")
 
     # The re-queued task (and the released claim) run here, each exactly once.
     assert await survivor.engine.dispatch_once() == 2

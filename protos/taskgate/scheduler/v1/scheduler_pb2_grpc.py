@@ -198,8 +198,9 @@ class SchedulerServiceServicer:
 
     def ResolveLostHost(self, request, context):
         """Operator only. The operator asserts a lost host is gone for good (its workers with it): each
-        of its HOST_LOST tasks gets the outcome kept for it (what its own recovery would have done),
-        recorded as the operator's word; then its host row is dropped. INVALID_ARGUMENT for the
+        of its tasks waiting for proof only it could give (HOST_LOST, CLEANUP_UNCONFIRMED) gets the
+        outcome kept for it (what that host would have done), recorded as the operator's word; then
+        its host row is dropped. INVALID_ARGUMENT for the
         serving replica's own id, FAILED_PRECONDITION (HOST_LIVE) while the host is live, NOT_FOUND
         for an id nothing knows. A second call resolves nothing and says so.
         """
