@@ -421,6 +421,7 @@ async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: 
             }
         )
         extra["gateway_cpu_ms_per_create_request"] = cpu["gateway_per_create"]
+        extra["creates_share_of_run"] = cpu["creates_share"]
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
             f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, created->ended p50 {pct(latencies, 0.5):7.1f} ms, "
