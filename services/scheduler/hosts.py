@@ -28,7 +28,7 @@ import structlog
 from libs.db import libpq_url
 from services.scheduler import domain
 from services.scheduler.domain import HostSummary, Task
-from services.scheduler.runtime import Runtime
+from services.scheduler.runtime import Runtime, woken
 from services.scheduler.store import HOST_ID_LOCK, NOTIFY_CHANNEL, SecondReplica
 
 log = structlog.get_logger("scheduler")
@@ -262,11 +262,7 @@ class EventRelay:
         gaps: dict[int, int] = {}  # ids skipped (a lower id may commit later) -> first seen missing
         poll = rt.tasks_cfg.safety_poll_ms / 1000
         while not rt.closing:
-            try:
-                await asyncio.wait_for(rt.events_wake.wait(), timeout=0.5 if gaps else poll)
-            except TimeoutError:
-                pass
-            rt.events_wake.clear()
+            await woken(rt.events_wake, 0.5 if gaps else poll)
             try:
                 cursor, gaps = await self.relay_once(cursor, gaps)
             except Exception:
@@ -298,11 +294,7 @@ async def control_loop(rt: Runtime, apply: Callable[[], Awaitable[int]]) -> None
     """Stops other replicas recorded for this host's tasks: on NOTIFY, and on a slow safety poll."""
     poll = rt.tasks_cfg.safety_poll_ms / 1000
     while not rt.closing:
-        try:
-            await asyncio.wait_for(rt.control_wake.wait(), timeout=poll)
-        except TimeoutError:
-            pass
-        rt.control_wake.clear()
+        await woken(rt.control_wake, poll)
         try:
             await apply()
         except Exception:

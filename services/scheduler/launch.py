@@ -22,7 +22,7 @@ from libs.settings import WorkerProfile
 from services.scheduler import cgroups, containers, domain, processes
 from services.scheduler.dispatch_targets import TargetDispatcher
 from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutcome, State, Task
-from services.scheduler.runtime import LiveAttempt, Runtime, hash_token
+from services.scheduler.runtime import LiveAttempt, Runtime, hash_token, woken
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
 from services.scheduler.worker_log import attempt_log_path
@@ -94,11 +94,7 @@ class Launcher:
         interval = (rt.tasks_cfg.safety_poll_ms if rt.multi_host else rt.tasks_cfg.supervisor_interval_ms) / 1000
         try:
             while not rt.closing:
-                try:
-                    await asyncio.wait_for(rt.wake.wait(), timeout=interval)
-                except TimeoutError:
-                    pass
-                rt.wake.clear()
+                await woken(rt.wake, interval)
                 try:
                     await self._start_launches()
                 except Exception:  # keep dispatching; the error is logged

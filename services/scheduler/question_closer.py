@@ -7,12 +7,10 @@ timer. A failure is logged and retried with backoff, never fatal to the loop.
 
 from __future__ import annotations
 
-import asyncio
-
 import structlog
 
 from services.scheduler import domain
-from services.scheduler.runtime import Runtime
+from services.scheduler.runtime import Runtime, woken
 
 log = structlog.get_logger("scheduler")
 
@@ -28,11 +26,7 @@ class QuestionCloser:
                 await self.close_once()
             except Exception:
                 log.exception("question_close_pass_failed")
-            try:
-                await asyncio.wait_for(self.rt.questions_wake.wait(), timeout=interval)
-            except TimeoutError:
-                pass
-            self.rt.questions_wake.clear()
+            await woken(self.rt.questions_wake, interval)
 
     async def close_once(self) -> int:
         """Close the questions of finished tasks that are due; returns how many were confirmed."""

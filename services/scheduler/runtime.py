@@ -27,6 +27,17 @@ from services.scheduler.ownership import Ownership
 from services.scheduler.scans import SharedScan
 from services.scheduler.store import SchedulerStore, StoredEvent
 
+
+async def woken(event: asyncio.Event, timeout_s: float) -> None:
+    """Until ``event`` is set or ``timeout_s`` has passed, then clear it: the wait of the
+    scheduler's loops that act on a wake-up and, failing one, on a timer."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout=timeout_s)
+    except TimeoutError:
+        pass
+    event.clear()
+
+
 # Process-table reads for exit proofs begin at least this far apart (``SharedScan``).
 SCAN_MIN_INTERVAL_S = 0.05
 
