@@ -135,15 +135,17 @@ class TaskStreams:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 ending = error_frame(exc.code().name, exc.details() or "")
         finally:
+            # Everything that must happen before the await below: a cancel arriving during that
+            # await would skip the rest, and an upstream call not cancelled stays open.
             TASK_WATCHES.dec()
-            if receiving is not None:
-                receiving.cancel()
-                await asyncio.gather(receiving, return_exceptions=True)
             call.cancel()
             if self.feeds.get(key) is feed:
                 del self.feeds[key]
             for client in feed.clients:
                 self._end(client, ending)
+            if receiving is not None:
+                receiving.cancel()
+                await asyncio.gather(receiving, return_exceptions=True)
 
     @staticmethod
     def _apply(feed: Feed, event: pb.WatchTasksResponse) -> bytes | None:
@@ -265,9 +267,12 @@ class TaskStreams:
             self._close(key, feed)
 
     def _close(self, key: Session, feed: Feed) -> None:
-        # The last client left: close the shared stream; the next client opens a new one.
-        if self.feeds.get(key) is feed:
-            del self.feeds[key]
+        # The last client left: close the shared stream; the next client opens a new one. Once:
+        # clients ended together each leave with the feed empty, and the watch is cancelled by
+        # the first (it is gone from ``feeds`` then, or its own end removed it).
+        if self.feeds.get(key) is not feed:
+            return
+        del self.feeds[key]
         if feed.task is not None:
             feed.task.cancel()
 

@@ -95,6 +95,25 @@ async def test_clients_of_a_session_share_one_watch_and_joiners_get_the_active_t
     await streams.close()
 
 
+async def test_clients_ended_together_close_the_shared_watch_even_when_their_leaves_interleave() -> None:
+    # Access ends for both clients (each is ended, then its response leaves). The second leave
+    # comes while the watch is still shutting down from the first: the upstream call must be
+    # cancelled all the same (a second cancel once interrupted that shutdown, and the call leaked).
+    scheduler = FakeScheduler()
+    streams = TaskStreams(scheduler, buffer_frames=16)  # type: ignore[arg-type]
+    first, second = await streams.open("a", "s"), await streams.open("a", "s")
+    call = scheduler.calls[0]
+    goodbye = b"event: error\ndata: {}\n\n"
+    first.end(goodbye)
+    second.end(goodbye)
+    await first.aclose()
+    await asyncio.sleep(0)  # the watch begins its shutdown
+    await second.aclose()
+    await settle()
+    assert call.cancelled and streams.feeds == {}, "the shared watch's upstream call was left open"
+    await streams.close()
+
+
 async def test_a_slow_client_is_ended_and_the_others_are_not_held_back() -> None:
     scheduler = FakeScheduler()
     streams = TaskStreams(scheduler, buffer_frames=4)  # type: ignore[arg-type]
