@@ -8,7 +8,7 @@ PEERS_VENV := var/bench-peers-venv
 PEERS_STAMP := $(PEERS_VENV)/.installed
 BENCH_ARGS ?=
 
-.PHONY: run test chaos fuzz bench bench-peers proto proto-check lint clean bytecode
+.PHONY: run test chaos fuzz bench bench-peers proto proto-check lint clean bytecode hold
 
 # The project's own modules compiled once (incremental: ~0.3 s when nothing changed). Every
 # service, CLI call and worker of a run starts a fresh Python; where PYTHONDONTWRITEBYTECODE is
@@ -16,6 +16,20 @@ BENCH_ARGS ?=
 SOURCES := libs services gateway_http examples protos/taskgate scripts tests bench
 bytecode: $(STAMP)
 	@$(PY) -m compileall -q -j0 $(SOURCES) > /dev/null
+
+# The compiled worker hold (services/scheduler/hold/taskgate-hold.c: no C library, x86-64
+# Linux). Without a C compiler, or elsewhere, the scheduler holds workers with /bin/sh.
+HOLD := services/scheduler/hold/taskgate-hold
+HOLD_CFLAGS := -Os -static -nostdlib -ffreestanding -fno-builtin -fno-stack-protector \
+	-fno-asynchronous-unwind-tables -fno-pie -no-pie -s -Wall -Wextra -Werror
+hold: $(HOLD)
+$(HOLD): $(HOLD).c
+	@if [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && command -v $(CC) >/dev/null 2>&1; then \
+		echo "$(CC) $(HOLD_CFLAGS) -o $@ $<"; \
+		$(CC) $(HOLD_CFLAGS) -o $@.tmp $< && chmod 755 $@.tmp && mv -f $@.tmp $@; \
+	else \
+		echo "note: no C compiler for x86-64 Linux here: workers are held by /bin/sh ([tasks] worker_hold)"; \
+	fi
 
 # (Re)create the environment when the lock or the project metadata changes.
 $(STAMP): requirements.lock pyproject.toml
@@ -25,21 +39,21 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
-run: $(STAMP) bytecode
+run: $(STAMP) bytecode $(HOLD)
 	$(PY) scripts/devrun.py
 
-test: $(STAMP) bytecode
+test: $(STAMP) bytecode $(HOLD)
 	$(PY) -m pytest -q
 
 # Kills every service in turn, SIGTERMs the stack, fills the disk (SQLite and PostgreSQL);
 # prints its figures. Not part of `make test` (the `chaos` marker is deselected there).
-chaos: $(STAMP) bytecode
+chaos: $(STAMP) bytecode $(HOLD)
 	$(PY) -m pytest -q -s -m chaos tests/chaos
 
 # The schemathesis fuzz of the REST API, deeper than in `make test` (FUZZ_EXAMPLES per operation
 # in its fuzzing phase; the suite uses 12).
 FUZZ_EXAMPLES ?= 100
-fuzz: $(STAMP) bytecode
+fuzz: $(STAMP) bytecode $(HOLD)
 	TASKGATE_FUZZ_MAX_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/e2e/test_openapi_fuzz.py
 
 $(PEERS_STAMP): bench/peers/requirements.txt
@@ -49,11 +63,11 @@ $(PEERS_STAMP): bench/peers/requirements.txt
 	@touch $(PEERS_STAMP)
 
 # Every benchmark, then taskgate next to Huey, procrastinate, Celery and the spawn floor.
-bench: $(STAMP) $(PEERS_STAMP)
+bench: $(STAMP) $(PEERS_STAMP) $(HOLD)
 	$(PY) bench/run_all.py --peers-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
 
 # The comparison alone (BENCH_ARGS="--quick" for a smoke run, "--only huey,celery" for a subset).
-bench-peers: $(STAMP) $(PEERS_STAMP)
+bench-peers: $(STAMP) $(PEERS_STAMP) $(HOLD)
 	$(PY) bench/compare_peers.py --peers-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
 
 proto: $(STAMP)
@@ -68,4 +82,4 @@ lint: $(STAMP)
 	$(PY) -m mypy libs services gateway_http
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache $(HOLD)

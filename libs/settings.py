@@ -53,6 +53,11 @@ class TaskSettings(_Frozen):
     # "cgroup_v1" (the v1 freezer only), "subreaper" (the child subreaper and
     # recorded descendants only) or "auto" (cgroup where the host allows it).
     proof_mode: Literal["auto", "cgroup", "cgroup_v1", "subreaper"] = "auto"
+    # What holds a spawned worker until its cgroup and identity are committed: "compiled"
+    # (services/scheduler/hold/taskgate-hold, built by `make`; the scheduler refuses to
+    # start without it), "sh" (/bin/sh) or "auto" (the compiled one where it is built, safe
+    # and runs, else /bin/sh).
+    worker_hold: Literal["auto", "compiled", "sh"] = "auto"
     # The Git project an "isolated-worktree" profile makes each task's worktree from
     # (a profile's own project_root wins). Empty: no project.
     project_root: str = ""

@@ -28,7 +28,7 @@ import structlog
 from libs import proctree
 from libs.clock import Clock, SystemClock
 from libs.settings import Settings
-from services.scheduler import domain, skills
+from services.scheduler import domain, processes, skills
 from services.scheduler.catalog import TaskCatalog, TaskPage
 from services.scheduler.crons import CronRunner
 from services.scheduler.dispatch_targets import TargetDispatcher
@@ -158,6 +158,14 @@ class Engine:
         if rt.multi_host:
             await rt.store.adopt_unowned()
         rt.ownership.start(rt.tasks_cfg.proof_mode, rt.settings.data_dir)
+        rt.hold = await asyncio.to_thread(processes.choose_hold, rt.tasks_cfg.worker_hold)
+        log.info(
+            "worker_hold",
+            kind=rt.hold.kind,
+            program=rt.hold.prefix[0],
+            requested=rt.tasks_cfg.worker_hold,
+            fallback_reason=rt.hold.fallback_reason or None,
+        )
         await self.recover()
         await rt.ownership.sweep()  # what recovery did not need is an empty leftover
         if run_loops:

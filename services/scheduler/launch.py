@@ -216,6 +216,7 @@ class Launcher:
                     run_as=run_as,
                     cgroup=Path(attempt.cgroup) if attempt.cgroup else None,
                     on_spawn=lambda pid: rt.ownership.spawned(attempt.attempt_id, pid),
+                    hold=rt.hold,
                 )
             except Exception as exc:  # any failure, not only OSError: never a queued task holding a slot
                 log.error("launch_failed", task_id=task_id, attempt=attempt.number, error=repr(exc))

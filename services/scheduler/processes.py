@@ -7,8 +7,9 @@ no orphan re-parented to the scheduler (the child subreaper) that may be the
 attempt's. taskgate signals the attempt's own group, its cgroup and its recorded
 descendants whose identity still matches — never any other pid.
 
-Launch: the worker starts as a tiny ``sh`` trampoline that waits on a pipe
-before it execs the command. While it waits, the scheduler puts it into the
+Launch: the worker starts as a tiny trampoline that waits on a pipe before it
+execs the command (``taskgate-hold``, a C program without a C library, or the same
+steps in ``sh``: ``choose_hold``). While it waits, the scheduler puts it into the
 attempt's cgroup and records its identity; only then is it released. If the
 scheduler dies first, the pipe closes and the trampoline exits without running
 anything. The worker token travels through an inherited pipe (read once by the
@@ -24,6 +25,7 @@ import os
 import pwd
 import shutil
 import signal
+import stat as file_mode
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +49,11 @@ ABANDONED = 111
 # $0 names the trampoline in `ps`; stdin is the hold pipe until the exec; the
 # shell's own PWD stays out of the worker's allow-listed environment.
 TRAMPOLINE = f'read -r go && [ "$go" = go ] || exit {ABANDONED}; unset PWD; exec "$@" </dev/null'
+SH_HOLD: tuple[str, ...] = ("/bin/sh", "-c", TRAMPOLINE, "taskgate-launch")
+# The same steps compiled (hold/taskgate-hold.c, built by `make`): the shell's start-up — the
+# dynamic loader and glibc's CPU probing — cost the machine ~0.7 ms per task on a VM that
+# traps CPUID, the compiled hold ~0.1 ms.
+HOLD_PROGRAM = Path(__file__).resolve().parent / "hold" / "taskgate-hold"
 # Switches to the profile's user, then execs the trampoline. It runs in the fresh,
 # single-threaded process of an exec, never between fork and exec in the scheduler:
 # asking `subprocess` for user=/group=/extra_groups= makes CPython fork() (not
@@ -198,6 +205,66 @@ class Launched:
             self.go_fd = None
 
 
+@dataclass(frozen=True)
+class Hold:
+    """What a worker is spawned under until its release: the command's prefix and its name."""
+
+    prefix: tuple[str, ...]
+    kind: str  # "compiled" or "sh"
+    fallback_reason: str = ""
+
+
+def _unsafe_program(program: Path) -> str:
+    """Why ``program`` must not hold workers ("" when it may). Every worker runs it, so only
+    root or this service's user may be able to replace it — the file and each folder above it
+    belong to one of them and nobody else can write to them (a sticky folder such as /tmp
+    excepted: others cannot rename what is ours in it) —, and every worker user can reach and
+    run it (a profile's ``user`` execs it after switching)."""
+    try:
+        st = os.lstat(program)
+        if not file_mode.S_ISREG(st.st_mode):
+            return f"{program}: not a regular file"
+        for path in (program, *program.parents):
+            info = st if path == program else os.lstat(path)
+            if info.st_uid not in (0, os.geteuid()):
+                return f"{path} belongs to uid {info.st_uid}"
+            if info.st_mode & 0o022 and not (path != program and info.st_mode & file_mode.S_ISVTX):
+                return f"{path} is writable by its group or others"
+            if path != program and not info.st_mode & 0o001:
+                return f"{path}: other users cannot reach what is in it (a worker's own user must run the hold)"
+    except OSError as exc:
+        return f"{program}: {exc.strerror or exc}"
+    if st.st_mode & 0o111 != 0o111:
+        return f"{program}: not executable by every user"
+    return ""
+
+
+def _probe(program: Path) -> str:
+    """Run ``program`` once, released, with a shell command: "" when it worked."""
+    try:
+        done = subprocess.run(
+            [str(program), "/bin/sh", "-c", "exit 7"], input=b"go\n", capture_output=True, timeout=10, env={}
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{program}: {exc}"
+    if done.returncode != 7:
+        return f"{program}: a trial run ended {done.returncode}: {done.stderr[:200]!r}"
+    return ""
+
+
+def choose_hold(mode: str, program: Path = HOLD_PROGRAM) -> Hold:
+    """(Blocking: one trial run.) ``[tasks] worker_hold``: "compiled" (the program or an error),
+    "sh" (the shell), "auto" (the program where it is built, safe and runs, else the shell)."""
+    if mode == "sh":
+        return Hold(SH_HOLD, "sh")
+    why = _unsafe_program(program) or _probe(program)
+    if not why:
+        return Hold((str(program),), "compiled")
+    if mode == "compiled":
+        raise RuntimeError(f"worker_hold = compiled, but {why} (run `make hold`)")
+    return Hold(SH_HOLD, "sh", why)
+
+
 def resolve_command(command: Sequence[str]) -> list[str]:
     """'python' as the first word means the project's own interpreter."""
     argv = list(command)
@@ -246,8 +313,10 @@ async def launch(
     run_as: RunAs | None = None,
     cgroup: Path | None = None,
     on_spawn: Callable[[int], None] | None = None,
+    hold: Hold | None = None,
 ) -> Launched:
     """Spawn the worker held before exec, in ``cgroup`` when given; ``release()`` runs it.
+    ``hold`` is what holds it (``choose_hold``; the shell when not given).
 
     The blocking steps (log file, fork/exec, moving into the cgroup, reading the kernel
     start time) run in one hop to a thread: off the event loop, and one hop, not four.
@@ -256,7 +325,7 @@ async def launch(
     argv = resolve_command(command)
     go_r, go_w = os.pipe()
     os.set_inheritable(go_w, False)
-    held = ["/bin/sh", "-c", TRAMPOLINE, "taskgate-launch", *argv]
+    held = [*(hold.prefix if hold is not None else SH_HOLD), *argv]
     if run_as is not None:
         # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
         held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]

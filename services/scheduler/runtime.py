@@ -141,6 +141,8 @@ class Runtime:
         self.ownership = Ownership(table_reader, self.leader_pids, reap_unknown_orphans)
         # Who each profile's workers run as; why a profile cannot be launched here.
         self.run_as, self.cannot_run = processes.resolve_profiles(settings.workers)
+        # What holds a worker until its release (chosen at start: ``processes.choose_hold``).
+        self.hold = processes.Hold(processes.SH_HOLD, "sh")
 
     @property
     def own(self) -> str | None:

@@ -1,0 +1,184 @@
+"""What holds a spawned worker until its release: the compiled ``taskgate-hold`` and the shell.
+
+The compiled hold (services/scheduler/hold/taskgate-hold.c) must do exactly what the shell
+trampoline does — the same exit status and the same output for every case below —, and the
+scheduler must only ever run a copy nobody else can replace.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.scheduler import processes
+
+BUILT = processes.HOLD_PROGRAM.is_file()
+CAN_BUILD = platform.system() == "Linux" and platform.machine() == "x86_64" and shutil.which("cc") is not None
+needs_build = pytest.mark.skipif(
+    not BUILT and not CAN_BUILD, reason="no C compiler for x86-64 Linux: `make hold` builds nothing here"
+)
+
+
+def holds() -> list[processes.Hold]:
+    return [processes.Hold(processes.SH_HOLD, "sh"), processes.Hold((str(processes.HOLD_PROGRAM),), "compiled")]
+
+
+def test_make_built_the_compiled_hold_wherever_it_can() -> None:
+    """`make test` builds it first; a machine that can build it must not silently run the shell."""
+    if not CAN_BUILD:
+        pytest.skip("no C compiler for x86-64 Linux: the scheduler holds workers with /bin/sh")
+    assert BUILT, "run `make hold` (make test and make run do)"
+    assert processes.choose_hold("auto").kind == "compiled"
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "noshebang").write_text('echo script-ran "$@"\n')
+    (folder / "noshebang").chmod(0o755)
+    (folder / "noexec").write_text("x")
+    (folder / "noexec").chmod(0o644)
+    return tmp_path
+
+
+ENV = {"PATH": "/usr/bin:/bin", "PWD": "/somewhere", "X": "1"}
+CASES = [
+    pytest.param(b"go\n", ["echo", "hi", "there"], ENV, id="released"),
+    pytest.param(b"", ["echo", "hi"], ENV, id="pipe-closed-before-the-release"),
+    pytest.param(b"gx\n", ["echo", "hi"], ENV, id="another-word"),
+    pytest.param(b"g", ["echo", "hi"], ENV, id="half-a-word-then-closed"),
+    pytest.param(b"go\nmore", ["sh", "-c", "cat; echo done"], ENV, id="stdin-is-dev-null-after-the-release"),
+    pytest.param(b"go\n", ["no-such-command-x"], ENV, id="not-found-127"),
+    pytest.param(b"go\n", ["/nonexistent/x"], ENV, id="path-not-found-127"),
+    pytest.param(b"go\n", ["./d/noexec"], ENV, id="not-executable-126"),
+    pytest.param(b"go\n", ["noexec"], {"PATH": "d"}, id="not-executable-on-path-126"),
+    pytest.param(b"go\n", ["d/noshebang", "a", "b"], ENV, id="script-without-shebang-runs-in-sh"),
+    pytest.param(b"go\n", ["noshebang", "a"], {"PATH": "/nonexistent:d", "PWD": "/x"}, id="relative-path-element"),
+    pytest.param(b"go\n", ["env"], ENV, id="the-environment-without-PWD"),
+    pytest.param(b"go\n", ["readlink", "/proc/self/fd/0"], ENV, id="stdin-is-dev-null"),
+    pytest.param(b"go\n", ["sh", "-c", 'echo "$PATH"'], {"PWD": "/x"}, id="no-PATH-means-the-shell-default"),
+]
+
+
+@needs_build
+@pytest.mark.parametrize(("given", "command", "env"), CASES)
+def test_the_compiled_hold_does_what_the_shell_trampoline_does(
+    scripts: Path, given: bytes, command: list[str], env: dict[str, str]
+) -> None:
+    results = []
+    for hold in holds():
+        done = subprocess.run(
+            [*hold.prefix, *command], input=given, capture_output=True, env=env, cwd=scripts, timeout=30
+        )
+        # The shell passes its exported variables on in an order of its own.
+        results.append(
+            (done.returncode, b"".join(sorted(done.stdout.splitlines(True))) if command == ["env"] else done.stdout)
+        )
+    (sh_status, sh_out), (compiled_status, compiled_out) = results
+    assert compiled_status == sh_status and compiled_out == sh_out
+    if command == ["env"]:
+        assert compiled_out == b"PATH=/usr/bin:/bin\nX=1\n"
+    if given != b"go\n" and given != b"go\nmore":
+        assert sh_status == processes.ABANDONED and sh_out == b"", "nothing ran"
+
+
+@needs_build
+@pytest.mark.parametrize("kind", ["sh", "compiled"])
+async def test_a_held_launch_runs_nothing_unless_released_whatever_holds_it(tmp_path: Path, kind: str) -> None:
+    hold = {h.kind: h for h in holds()}[kind]
+    marker = tmp_path / "ran"
+    env = {"PATH": os.environ["PATH"]}
+    command = ["sh", "-c", f"touch {marker}; cat /proc/self/fd/$TASKGATE_WORKER_TOKEN_FD > {tmp_path / 'token'}"]
+    held = await processes.launch(command, tmp_path, env, tmp_path / "abandoned.log", "tok", hold=hold)
+    assert held.start_time is not None
+    held.abandon()  # as when the scheduler dies before the release
+    assert await held.process.wait() == processes.ABANDONED and not marker.exists()
+
+    released = await processes.launch(command, tmp_path, env, tmp_path / "released.log", "tok", hold=hold)
+    with open(f"/proc/{released.pid}/cmdline", "rb") as cmdline:
+        assert cmdline.read().split(b"\0")[0] == hold.prefix[0].encode(), "held by the hold asked for"
+    released.release()
+    assert await released.process.wait() == 0 and marker.exists()
+    assert (tmp_path / "token").read_text() == "tok", "the token arrives through its pipe"
+
+
+@needs_build
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("id") or "nobody" not in {p.pw_name for p in pwd.getpwall()},
+    reason="needs root and the user nobody",
+)
+async def test_a_worker_of_another_user_is_held_by_the_compiled_hold_after_the_switch(tmp_path: Path) -> None:
+    if processes.choose_hold("auto").kind != "compiled":
+        pytest.skip(f"the compiled hold is not usable here: {processes.choose_hold('auto').fallback_reason}")
+    entry = pwd.getpwnam("nobody")
+    run_as = processes.RunAs(uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.chown(workspace, entry.pw_uid, entry.pw_gid)
+    hold = processes.choose_hold("compiled")
+    held = await processes.launch(
+        ["id", "-u"], workspace, {"PATH": os.environ["PATH"]}, tmp_path / "l.log", "t", run_as=run_as, hold=hold
+    )
+    held.release()
+    assert await held.process.wait() == 0, (tmp_path / "l.log").read_text()
+    assert (tmp_path / "l.log").read_text().strip() == str(entry.pw_uid)
+
+
+def test_sh_is_used_when_asked() -> None:
+    assert processes.choose_hold("sh") == processes.Hold(processes.SH_HOLD, "sh")
+
+
+def test_a_missing_program_means_the_shell_or_with_compiled_a_refusal(tmp_path: Path) -> None:
+    missing = tmp_path / "taskgate-hold"
+    hold = processes.choose_hold("auto", missing)
+    assert hold.kind == "sh" and hold.prefix == processes.SH_HOLD and "No such file" in hold.fallback_reason
+    with pytest.raises(RuntimeError, match="worker_hold = compiled, but .*make hold"):
+        processes.choose_hold("compiled", missing)
+
+
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A folder every user can reach (pytest's tmp_path sits in a private one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp).chmod(0o755)
+        yield Path(tmp)
+
+
+@needs_build
+def test_only_a_copy_nobody_else_can_replace_or_that_runs_is_used(reachable: Path) -> None:
+    folder = reachable / "bin"
+    folder.mkdir()
+    folder.chmod(0o755)
+    copy = folder / "taskgate-hold"
+    shutil.copy(processes.HOLD_PROGRAM, copy)
+    copy.chmod(0o755)
+    assert processes.choose_hold("auto", copy) == processes.Hold((str(copy),), "compiled")
+
+    copy.chmod(0o775)  # its group could replace what every worker runs
+    assert "writable by its group or others" in processes.choose_hold("auto", copy).fallback_reason
+    copy.chmod(0o755)
+    folder.chmod(0o777)  # anyone could swap the file
+    assert "writable by its group or others" in processes.choose_hold("auto", copy).fallback_reason
+    folder.chmod(0o700)  # a worker's own user could not reach it
+    assert "other users cannot reach" in processes.choose_hold("auto", copy).fallback_reason
+    folder.chmod(0o755)
+    copy.chmod(0o700)
+    assert "not executable by every user" in processes.choose_hold("auto", copy).fallback_reason
+
+    impostor = folder / "impostor"  # safe to run, but not a hold: its trial run fails
+    shutil.copy("/bin/false", impostor)
+    impostor.chmod(0o755)
+    hold = processes.choose_hold("auto", impostor)
+    assert hold.kind == "sh" and "trial run ended 1" in hold.fallback_reason
+    link = folder / "link"
+    link.symlink_to(copy)
+    assert "not a regular file" in processes.choose_hold("auto", link).fallback_reason
