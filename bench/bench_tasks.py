@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lean_http import LeanClient  # noqa: E402
 from bench.stats import pct  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
+from services.scheduler import processes  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
@@ -332,7 +333,7 @@ async def throughput_round(
     `/bin/true` tasks. The creates and the completion poll go through the lean client: the
     client shares the cores with the services, and httpx cost ~2.4 ms of CPU per request."""
     with tempfile.TemporaryDirectory() as tmp:
-        stack = make_stack(Path(tmp), max_running=64, cancel_grace_ms=1000)
+        stack = make_stack(Path(tmp), **THROUGHPUT_SETTINGS)
         stack.start()
         try:
             key = create_key(stack, "bench", AGENT)
@@ -403,7 +404,21 @@ async def throughput_round(
             stack.stop()
 
 
+# The throughput run's [tasks] settings. The supervisor's and the telemetry agent's timers are at
+# their shipped defaults (1 s, 15 s): the tests' stack ticks them every 100 / 200 ms, which cost
+# the scheduler ~30 ms of CPU a second even when idle and the telemetry agent a process-table
+# read per tick.
+THROUGHPUT_SETTINGS = {
+    "max_running": 64,
+    "cancel_grace_ms": 1000,
+    "supervisor_interval_ms": 1000,
+    "observation_interval_ms": 15000,
+}
+
+
 async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: str | None) -> None:
+    hold = processes.choose_hold("auto")  # what the stack's scheduler chooses too (logged as worker_hold)
+    print(f"workers held by {hold.kind}{f' ({hold.fallback_reason})' if hold.fallback_reason else ''}", flush=True)
     rates, cpus, all_latencies, all_to_start, all_running, per_round = [], [], [], [], [], []
     for r in range(rounds):
         rate, cpu, (latencies, to_start, running) = await throughput_round(n, profile_to if r == 0 else None)
@@ -441,7 +456,7 @@ async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: 
         f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds})"
     )
     if json_to:
-        out = {"version": "taskgate", "config": {"max_running": 64}, "rounds": per_round}
+        out = {"version": "taskgate", "config": {**THROUGHPUT_SETTINGS, "worker_hold": hold.kind}, "rounds": per_round}
         Path(json_to).write_text(json.dumps(out))
 
 

@@ -27,8 +27,8 @@ TEST_CONFIG = """
 max_running = {max_running}
 cancel_grace_ms = {cancel_grace_ms}
 cleanup_confirm_ms = 1500
-supervisor_interval_ms = 100
-observation_interval_ms = 200
+supervisor_interval_ms = {supervisor_interval_ms}
+observation_interval_ms = {observation_interval_ms}
 progress_stale_limit_ms = {progress_stale_limit_ms}
 max_duration_ms = {max_duration_ms}
 background_grace_ms = {background_grace_ms}
@@ -286,6 +286,9 @@ def make_stack(data_dir: Path, metrics: bool = False, extra_config: str = "", **
         "max_duration_ms": 0,
         "background_grace_ms": 900000,
         "idle_timeout_ms": 300000,
+        # Ten and seventy-five times faster than the shipped defaults: tests see timers act soon.
+        "supervisor_interval_ms": 100,
+        "observation_interval_ms": 200,
         **tasks,
     }
     data_dir.mkdir(parents=True, exist_ok=True)
