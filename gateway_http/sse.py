@@ -159,9 +159,11 @@ class BoundedEventStream(Response):
         finally:
             for task in (*helpers, writing, *watching):
                 task.cancel()
-            await asyncio.gather(*helpers, writing, *watching, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await self.source.aclose()  # type: ignore[attr-defined]
+            try:
+                await asyncio.gather(*helpers, writing, *watching, return_exceptions=True)
+            finally:  # even when this is cancelled again meanwhile: the source is left either way
+                with contextlib.suppress(Exception):
+                    await self.source.aclose()  # type: ignore[attr-defined]
         if overflow.is_set():
             # Returning without completing the response makes the server close the connection.
             log.warning("sse_client_too_slow", path=scope.get("path"), buffer_frames=self.buffer_frames)
@@ -229,8 +231,10 @@ class BoundedEventStream(Response):
         finally:
             for task in (writing, watching):
                 task.cancel()
-            await asyncio.gather(writing, watching, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await source.aclose()
+            try:
+                await asyncio.gather(writing, watching, return_exceptions=True)
+            finally:  # even when this is cancelled again meanwhile: the feed is left either way
+                with contextlib.suppress(Exception):
+                    await source.aclose()
         if writing.done() and not writing.cancelled() and (failure := writing.exception()) is not None:
             log.error("sse_writer_failed", exc_info=failure)

@@ -1,0 +1,65 @@
+"""An SSE response always closes its source, even when it is cancelled again while it cleans up."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway_http.sse import BoundedEventStream
+
+
+class SlowToStopSource:
+    """An event source whose read, once cancelled, takes until ``release`` to finish (as a source
+    that has its own cleanup to await)."""
+
+    def __init__(self) -> None:
+        self.stopping = asyncio.Event()
+        self.release = asyncio.Event()
+        self.closed = False
+
+    def __aiter__(self) -> SlowToStopSource:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.stopping.set()
+            await self.release.wait()
+            raise
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def allowed() -> bytes | None:
+    return None
+
+
+async def test_the_source_is_closed_even_when_the_response_is_cancelled_again_while_it_cleans_up() -> None:
+    source = SlowToStopSource()
+    response = BoundedEventStream(source, buffer_frames=8, heartbeat_s=30, still_allowed=allowed, recheck_s=30)
+    disconnect = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    call = asyncio.create_task(response({"type": "http", "method": "GET"}, receive, send))
+    while not sent:  # the response started: the source is being read
+        await asyncio.sleep(0)
+    disconnect.set()  # the client leaves: the response stops its reader, which takes a while
+    await asyncio.wait_for(source.stopping.wait(), 5)
+    call.cancel()  # and meanwhile the server cancels the response (shutting down, say)
+    await asyncio.sleep(0)
+    source.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert source.closed, "a source left open keeps its feed (and the scheduler watch behind it)"
