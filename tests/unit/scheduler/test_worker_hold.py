@@ -36,7 +36,13 @@ def test_make_built_the_compiled_hold_wherever_it_can() -> None:
     if not CAN_BUILD:
         pytest.skip("no C compiler for x86-64 Linux: the scheduler holds workers with /bin/sh")
     assert BUILT, "run `make hold` (make test and make run do)"
-    assert processes.choose_hold("auto").kind == "compiled"
+    released = subprocess.run(
+        [str(processes.HOLD_PROGRAM), "/bin/sh", "-c", "exit 7"], input=b"go\n", capture_output=True, timeout=30
+    )
+    assert released.returncode == 7, released.stderr
+    hold = processes.choose_hold("auto")
+    # A clone other users cannot reach (under /root, say) keeps the shell, and says why.
+    assert hold.kind == "compiled" or "cannot reach" in hold.fallback_reason, hold.fallback_reason
 
 
 @pytest.fixture
