@@ -53,6 +53,7 @@ def _host_rows(hosts: list[pb.SchedulerHost]) -> list[list[object]]:
             h.active_tasks,
             h.needs_reconciliation_tasks,
             h.host_lost_tasks,
+            h.resolvable_tasks,
         ]
         for h in hosts
     ]
@@ -90,7 +91,17 @@ class HostsCommands:
         if not hosts:
             print("no scheduler hosts known", file=out)
             return 0
-        headers = ["host", "lease", "connected", "started", "queued", "active", "needs recon.", "host lost"]
+        headers = [
+            "host",
+            "lease",
+            "connected",
+            "started",
+            "queued",
+            "active",
+            "needs recon.",
+            "host lost",
+            "resolvable",
+        ]
         print(render_table(headers, _host_rows(hosts), max_width=80), file=out)
         return 0
 

@@ -322,4 +322,5 @@ def host_to_pb(host: domain.HostSummary, now: int, serving_host_id: str) -> pb.S
         active_tasks=host.active,
         needs_reconciliation_tasks=host.needs_reconciliation,
         host_lost_tasks=host.host_lost,
+        resolvable_tasks=host.resolvable,
     )

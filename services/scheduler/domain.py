@@ -1280,6 +1280,9 @@ class HostSummary:
     active: int = 0
     needs_reconciliation: int = 0
     host_lost: int = 0
+    # Of the needs_reconciliation ones, those `hosts resolve --host-is-gone` settles
+    # (RESOLVED_BY_HOST_GONE: HOST_LOST or CLEANUP_UNCONFIRMED).
+    resolvable: int = 0
 
     def lease_live(self, now: int) -> bool:
         return self.lease_expires_at is not None and self.lease_expires_at >= now

@@ -23,7 +23,9 @@ from services.scheduler.domain import (
     ACTIVE,
     TERMINAL,
     Attempt,
+    RESOLVED_BY_HOST_GONE,
     Cancellation,
+    FailureCode,
     HostLive,
     HostSummary,
     PendingQuestion,
@@ -1018,19 +1020,16 @@ class SchedulerStore:
             )
             for host, state, n in rows:
                 counts.setdefault(host, {})[state] = int(n)
-            host_lost = {
-                host: int(n)
-                for host, n in _rows(
-                    s,
-                    sa.select(TASKS.c.owner_host, func.count())
-                    .where(
-                        TASKS.c.owner_host.is_not(None),
-                        TASKS.c.state == State.NEEDS_RECONCILIATION.value,
-                        TASKS.c.doc.contains('"code":"HOST_LOST"'),  # a prefilter; resolve re-checks
-                    )
-                    .group_by(TASKS.c.owner_host),
-                )
-            }
+            # Why each parked task waits (few rows: they wait for an operator), by its failure code.
+            parked: dict[str, list[FailureCode | None]] = {}
+            for row in _rows(
+                s,
+                sa.select(TASKS.c.owner_host, TASKS.c.doc).where(
+                    TASKS.c.owner_host.is_not(None), TASKS.c.state == State.NEEDS_RECONCILIATION.value
+                ),
+            ):
+                failure = _task_from_row(row).failure
+                parked.setdefault(row.owner_host, []).append(failure.code if failure is not None else None)
             connected = self._connected_hosts(s, set(leases) | set(counts))
             found = []
             for host in sorted(set(leases) | set(counts)):
@@ -1045,7 +1044,8 @@ class SchedulerStore:
                         queued=by_state.get(State.QUEUED.value, 0),
                         active=sum(by_state.get(a.value, 0) for a in ACTIVE),
                         needs_reconciliation=by_state.get(State.NEEDS_RECONCILIATION.value, 0),
-                        host_lost=host_lost.get(host, 0),
+                        host_lost=parked.get(host, []).count(FailureCode.HOST_LOST),
+                        resolvable=sum(code in RESOLVED_BY_HOST_GONE for code in parked.get(host, [])),
                     )
                 )
             return found

@@ -377,6 +377,7 @@ async def test_a_lost_hosts_tasks_resolve_to_their_kept_outcome_and_run_once_on_
     (listed,) = [h for h in await survivor.engine.list_hosts() if h.host_id == "lost"]
     assert not listed.lease_live(NOW) and not listed.connected
     assert (listed.queued, listed.active, listed.needs_reconciliation, listed.host_lost) == (1, 1, 2, 1)
+    assert listed.resolvable == 2, "the HOST_LOST task and the unproven cancel: what a resolve settles"
 
     done = await survivor.engine.resolve_lost_host("lost")
     assert {t.task_id for t in done.resolved} == {running.task_id, cancelling.task_id, unproven.task_id}

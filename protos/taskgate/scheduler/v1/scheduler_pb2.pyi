@@ -852,7 +852,7 @@ class RecordDispatchOutcomeResponse(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ...) -> None: ...
 
 class SchedulerHost(_message.Message):
-    __slots__ = ("host_id", "boot_id", "start_time", "lease_expire_time", "lease_live", "connected", "serving", "queued_tasks", "active_tasks", "needs_reconciliation_tasks", "host_lost_tasks")
+    __slots__ = ("host_id", "boot_id", "start_time", "lease_expire_time", "lease_live", "connected", "serving", "queued_tasks", "active_tasks", "needs_reconciliation_tasks", "host_lost_tasks", "resolvable_tasks")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -864,6 +864,7 @@ class SchedulerHost(_message.Message):
     ACTIVE_TASKS_FIELD_NUMBER: _ClassVar[int]
     NEEDS_RECONCILIATION_TASKS_FIELD_NUMBER: _ClassVar[int]
     HOST_LOST_TASKS_FIELD_NUMBER: _ClassVar[int]
+    RESOLVABLE_TASKS_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     boot_id: str
     start_time: _timestamp_pb2.Timestamp
@@ -875,7 +876,8 @@ class SchedulerHost(_message.Message):
     active_tasks: int
     needs_reconciliation_tasks: int
     host_lost_tasks: int
-    def __init__(self, host_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_live: _Optional[bool] = ..., connected: _Optional[bool] = ..., serving: _Optional[bool] = ..., queued_tasks: _Optional[int] = ..., active_tasks: _Optional[int] = ..., needs_reconciliation_tasks: _Optional[int] = ..., host_lost_tasks: _Optional[int] = ...) -> None: ...
+    resolvable_tasks: int
+    def __init__(self, host_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_live: _Optional[bool] = ..., connected: _Optional[bool] = ..., serving: _Optional[bool] = ..., queued_tasks: _Optional[int] = ..., active_tasks: _Optional[int] = ..., needs_reconciliation_tasks: _Optional[int] = ..., host_lost_tasks: _Optional[int] = ..., resolvable_tasks: _Optional[int] = ...) -> None: ...
 
 class ListHostsRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
