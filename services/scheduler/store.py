@@ -21,9 +21,9 @@ from sqlmodel import Field, SQLModel
 from libs.db import Database, Migration
 from services.scheduler.domain import (
     ACTIVE,
+    RESOLVED_BY_HOST_GONE,
     TERMINAL,
     Attempt,
-    RESOLVED_BY_HOST_GONE,
     Cancellation,
     FailureCode,
     HostLive,
