@@ -1021,7 +1021,7 @@ class SchedulerStore:
             for host, state, n in rows:
                 counts.setdefault(host, {})[state] = int(n)
             # Why each parked task waits (few rows: they wait for an operator), by its failure code.
-            parked: dict[str, list[FailureCode | None]] = {}
+            parked: dict[str, list[str | None]] = {}
             for row in _rows(
                 s,
                 sa.select(TASKS.c.owner_host, TASKS.c.doc).where(
