@@ -21,6 +21,7 @@ State-transition rules live in ``domain`` (pure), rows in ``store``, processes i
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
 
 import structlog
@@ -158,7 +159,10 @@ class Engine:
         if rt.multi_host:
             await rt.store.adopt_unowned()
         rt.ownership.start(rt.tasks_cfg.proof_mode, rt.settings.data_dir)
-        rt.hold = await asyncio.to_thread(processes.choose_hold, rt.tasks_cfg.worker_hold)
+        other_users = any(r is not None and r.uid != os.geteuid() for r in rt.run_as.values())
+        rt.hold = await asyncio.to_thread(
+            processes.choose_hold, rt.tasks_cfg.worker_hold, processes.HOLD_PROGRAM, other_users
+        )
         log.info(
             "worker_hold",
             kind=rt.hold.kind,

@@ -214,12 +214,12 @@ class Hold:
     fallback_reason: str = ""
 
 
-def _unsafe_program(program: Path) -> str:
+def _unsafe_program(program: Path, other_users: bool) -> str:
     """Why ``program`` must not hold workers ("" when it may). Every worker runs it, so only
-    root or this service's user may be able to replace it — the file and each folder above it
+    root or this service's user may be able to replace it: the file and each folder above it
     belong to one of them and nobody else can write to them (a sticky folder such as /tmp
-    excepted: others cannot rename what is ours in it) —, and every worker user can reach and
-    run it (a profile's ``user`` execs it after switching)."""
+    excepted: others cannot rename what is ours in it). With ``other_users`` (a profile's
+    ``user`` execs it after switching) every user must also be able to reach and run it."""
     try:
         st = os.lstat(program)
         if not file_mode.S_ISREG(st.st_mode):
@@ -230,12 +230,12 @@ def _unsafe_program(program: Path) -> str:
                 return f"{path} belongs to uid {info.st_uid}"
             if info.st_mode & 0o022 and not (path != program and info.st_mode & file_mode.S_ISVTX):
                 return f"{path} is writable by its group or others"
-            if path != program and not info.st_mode & 0o001:
-                return f"{path}: other users cannot reach what is in it (a worker's own user must run the hold)"
+            if other_users and path != program and not info.st_mode & 0o001:
+                return f"{path}: other users cannot reach what is in it (a profile's user must run the hold)"
     except OSError as exc:
         return f"{program}: {exc.strerror or exc}"
-    if st.st_mode & 0o111 != 0o111:
-        return f"{program}: not executable by every user"
+    if st.st_mode & (0o111 if other_users else 0o100) != (0o111 if other_users else 0o100):
+        return f"{program}: not executable by {'every user' if other_users else 'its owner'}"
     return ""
 
 
@@ -252,12 +252,13 @@ def _probe(program: Path) -> str:
     return ""
 
 
-def choose_hold(mode: str, program: Path = HOLD_PROGRAM) -> Hold:
+def choose_hold(mode: str, program: Path = HOLD_PROGRAM, other_users: bool = False) -> Hold:
     """(Blocking: one trial run.) ``[tasks] worker_hold``: "compiled" (the program or an error),
-    "sh" (the shell), "auto" (the program where it is built, safe and runs, else the shell)."""
+    "sh" (the shell), "auto" (the program where it is built, safe and runs, else the shell).
+    ``other_users``: some profile runs its workers as a user other than the scheduler's."""
     if mode == "sh":
         return Hold(SH_HOLD, "sh")
-    why = _unsafe_program(program) or _probe(program)
+    why = _unsafe_program(program, other_users) or _probe(program)
     if not why:
         return Hold((str(program),), "compiled")
     if mode == "compiled":

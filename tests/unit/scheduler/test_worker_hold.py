@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from services.scheduler import processes
+from services.scheduler.domain import State
 
 BUILT = processes.HOLD_PROGRAM.is_file()
 CAN_BUILD = platform.system() == "Linux" and platform.machine() == "x86_64" and shutil.which("cc") is not None
@@ -40,8 +41,9 @@ def test_make_built_the_compiled_hold_wherever_it_can() -> None:
         [str(processes.HOLD_PROGRAM), "/bin/sh", "-c", "exit 7"], input=b"go\n", capture_output=True, timeout=30
     )
     assert released.returncode == 7, released.stderr
-    hold = processes.choose_hold("auto")
-    # A clone other users cannot reach (under /root, say) keeps the shell, and says why.
+    assert processes.choose_hold("auto").kind == "compiled"
+    # With workers of other users, a clone they cannot reach (under /root, say) keeps the shell.
+    hold = processes.choose_hold("auto", other_users=True)
     assert hold.kind == "compiled" or "cannot reach" in hold.fallback_reason, hold.fallback_reason
 
 
@@ -123,14 +125,15 @@ async def test_a_held_launch_runs_nothing_unless_released_whatever_holds_it(tmp_
     reason="needs root and the user nobody",
 )
 async def test_a_worker_of_another_user_is_held_by_the_compiled_hold_after_the_switch(tmp_path: Path) -> None:
-    if processes.choose_hold("auto").kind != "compiled":
-        pytest.skip(f"the compiled hold is not usable here: {processes.choose_hold('auto').fallback_reason}")
+    usable = processes.choose_hold("auto", other_users=True)
+    if usable.kind != "compiled":
+        pytest.skip(f"the compiled hold is not usable by other users here: {usable.fallback_reason}")
     entry = pwd.getpwnam("nobody")
     run_as = processes.RunAs(uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
     workspace = tmp_path / "ws"
     workspace.mkdir()
     os.chown(workspace, entry.pw_uid, entry.pw_gid)
-    hold = processes.choose_hold("compiled")
+    hold = processes.choose_hold("compiled", other_users=True)
     held = await processes.launch(
         ["id", "-u"], workspace, {"PATH": os.environ["PATH"]}, tmp_path / "l.log", "t", run_as=run_as, hold=hold
     )
@@ -174,11 +177,16 @@ def test_only_a_copy_nobody_else_can_replace_or_that_runs_is_used(reachable: Pat
     copy.chmod(0o755)
     folder.chmod(0o777)  # anyone could swap the file
     assert "writable by its group or others" in processes.choose_hold("auto", copy).fallback_reason
-    folder.chmod(0o700)  # a worker's own user could not reach it
-    assert "other users cannot reach" in processes.choose_hold("auto", copy).fallback_reason
+    folder.chmod(0o700)  # a profile's user could not reach it; workers of the scheduler's own user can
+    assert "other users cannot reach" in processes.choose_hold("auto", copy, other_users=True).fallback_reason
+    assert processes.choose_hold("auto", copy).kind == "compiled"
     folder.chmod(0o755)
     copy.chmod(0o700)
-    assert "not executable by every user" in processes.choose_hold("auto", copy).fallback_reason
+    assert "not executable by every user" in processes.choose_hold("auto", copy, other_users=True).fallback_reason
+    assert processes.choose_hold("auto", copy).kind == "compiled"
+    copy.chmod(0o644)
+    assert "not executable by its owner" in processes.choose_hold("auto", copy).fallback_reason
+    copy.chmod(0o755)
 
     impostor = folder / "impostor"  # safe to run, but not a hold: its trial run fails
     shutil.copy("/bin/false", impostor)
@@ -188,3 +196,32 @@ def test_only_a_copy_nobody_else_can_replace_or_that_runs_is_used(reachable: Pat
     link = folder / "link"
     link.symlink_to(copy)
     assert "not a regular file" in processes.choose_hold("auto", link).fallback_reason
+
+
+@pytest.mark.parametrize(("user", "other_users"), [(None, False), ("nobody", True)])
+async def test_the_engine_asks_for_a_hold_other_users_can_run_only_when_a_profile_needs_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: str | None, other_users: bool
+) -> None:
+    from libs.settings import WorkerProfile
+    from tests.unit.scheduler.test_engine import start_harness
+
+    if user is not None and (os.geteuid() != 0 or user not in {p.pw_name for p in pwd.getpwall()}):
+        pytest.skip("needs root and the user nobody")
+    asked: list[tuple[str, bool]] = []
+    real = processes.choose_hold
+
+    def spy(mode: str, program: Path = processes.HOLD_PROGRAM, other_users: bool = False) -> processes.Hold:
+        asked.append((mode, other_users))
+        return real(mode, program, other_users)
+
+    monkeypatch.setattr(processes, "choose_hold", spy)
+    h = await start_harness(tmp_path, workers={"w": WorkerProfile(command=["true"], user=user)})
+    try:
+        assert asked == [("auto", other_users)]
+        hold = h.engine.runtime.hold
+        assert hold.kind == ("compiled" if BUILT else "sh") or hold.fallback_reason, "a fallback says why"
+        task = await h.create("w")
+        assert await h.engine.dispatch_once() == 1
+        assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
+    finally:
+        await h.close()
