@@ -88,9 +88,12 @@ static int is_var(const char *entry, const char *name) {
 static long try_exec(const char *file, char **argv, char **envp) {
     long err = -sys4(SYS_execve, (long)file, (long)(argv + 1), (long)envp, 0);
     if (err == ENOEXEC) {
+        char *own = argv[0], *name = argv[1];
         argv[0] = (char *)bin_sh;
         argv[1] = (char *)file;
         err = -sys4(SYS_execve, (long)bin_sh, (long)argv, (long)envp, 0);
+        argv[0] = own; /* the PATH search goes on with the command's own words */
+        argv[1] = name;
     }
     return err;
 }
