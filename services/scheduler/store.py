@@ -281,6 +281,38 @@ _SELECT_CHILDREN = Direct(
     .order_by(TASKS.c.created_at, TASKS.c.task_id),
     returns=["doc"],
 )
+# Queued tasks to claim, oldest first (``ix_tasks_state``), FOR UPDATE SKIP LOCKED on PostgreSQL:
+# anyone's (one host), or unowned and this host's. The dispatcher polls this on every wake-up
+# and tick: built per call, SQLAlchemy's statement, cache key and result cost ≈ 0.4 ms of CPU
+# more than the query itself.
+_CLAIM_ORDER = (TASKS.c.created_at, TASKS.c.task_id)
+_CLAIM_ANY = Direct(
+    sa.select(TASKS.c.task_id, TASKS.c.doc)
+    .where(TASKS.c.state == State.QUEUED.value)
+    .order_by(*_CLAIM_ORDER)
+    .limit(sa.bindparam("limit"))
+    .with_for_update(skip_locked=True),
+    returns=["task_id", "doc"],
+)
+_CLAIM_OWN = Direct(
+    sa.select(TASKS.c.task_id, TASKS.c.doc)
+    .where(
+        TASKS.c.state == State.QUEUED.value,
+        sa.or_(TASKS.c.owner_host.is_(None), TASKS.c.owner_host == sa.bindparam("host_id")),
+    )
+    .order_by(*_CLAIM_ORDER)
+    .limit(sa.bindparam("limit"))
+    .with_for_update(skip_locked=True),
+    returns=["task_id", "doc"],
+)
+# Finished tasks whose questions are due to be closed (the question closer's poll).
+_DUE_QUESTION_CLOSES = Direct(
+    sa.select(QUESTION_CLOSES.c.task_id, QUESTION_CLOSES.c.attempts)
+    .where(QUESTION_CLOSES.c.next_at <= sa.bindparam("now"))
+    .order_by(QUESTION_CLOSES.c.next_at)
+    .limit(sa.bindparam("limit")),
+    returns=["task_id", "attempts"],
+)
 _EVENT_READ_COLUMNS = ["id", "task_id", "type", "at", "state", "doc", "origin", "task_doc"]
 
 
@@ -687,13 +719,7 @@ class SchedulerStore:
         """Finished tasks whose questions are due to be closed: (task id, attempts so far)."""
 
         def work(s: Tx) -> list[tuple[str, int]]:
-            rows = _rows(
-                s,
-                sa.select(QUESTION_CLOSES.c.task_id, QUESTION_CLOSES.c.attempts)
-                .where(QUESTION_CLOSES.c.next_at <= now)
-                .order_by(QUESTION_CLOSES.c.next_at)
-                .limit(limit),
-            )
+            rows = _rows(s, _DUE_QUESTION_CLOSES, {"now": now, "limit": limit})
             return [(r.task_id, r.attempts) for r in rows]
 
         return await self._run(work)
@@ -762,17 +788,22 @@ class SchedulerStore:
         different rows without waiting on each other. ``any_owner`` (one host, SQLite)
         also takes tasks an earlier host id claimed.
         """
-        skipped = list(skip)
+        skipped = set(skip)
+        # The skipped ones (this host's launches under way, still queued) are read and passed
+        # over here rather than excluded in SQL: one statement compiled once, whatever their number
+        # (at most max_running rows more; on PostgreSQL they stay locked until this short
+        # transaction commits, and another replica's SKIP LOCKED claim passes them over meanwhile).
+        params: dict[str, Any] = {"limit": limit + len(skipped)}
+        if not any_owner:
+            params["host_id"] = self.host_id
 
         def work(s: Tx) -> list[str]:
-            query = sa.select(TASKS.c.doc).where(TASKS.c.state == State.QUEUED.value)
-            if not any_owner:
-                query = query.where(sa.or_(TASKS.c.owner_host.is_(None), TASKS.c.owner_host == self.host_id))
-            if skipped:
-                query = query.where(TASKS.c.task_id.not_in(skipped))
-            query = query.order_by(TASKS.c.created_at, TASKS.c.task_id).limit(limit)
-            claimed = []
-            for row in _rows(s, query.with_for_update(skip_locked=True)):
+            claimed: list[str] = []
+            for row in _rows(s, _CLAIM_ANY if any_owner else _CLAIM_OWN, params):
+                if row.task_id in skipped:
+                    continue
+                if len(claimed) == limit:
+                    break
                 task = _task_from_row(row)
                 if task.owner_host != self.host_id:
                     task.owner_host = self.host_id

@@ -131,6 +131,28 @@ async def test_sqlite_refuses_a_second_live_replica(tmp_path: Path) -> None:
         db.close()
 
 
+async def claims_skip_and_stop_at_the_limit(db: Database) -> None:
+    mine, other = SchedulerStore(db, "a"), SchedulerStore(db, "b")
+    tasks = [(await mine.create_task(new_task(i)))[0] for i in range(6)]
+    ids = [t.task_id for t in tasks]
+    # The two oldest are this host's launches under way (still queued): passed over, not claimed.
+    assert await mine.claim_queued(2, ids[:2] + ["f" * 32], any_owner=False) == ids[2:4]
+    assert await other.claim_queued(5, (), any_owner=False) == [ids[0], ids[1], ids[4], ids[5]], "a's are a's"
+    # One host (SQLite): an earlier host id's claims are taken too, oldest first.
+    assert await mine.claim_queued(3, [ids[0]], any_owner=True) == ids[1:4]
+    owners = {t.task_id: t.owner_host for t in await mine.tasks_in_states([State.QUEUED])}
+    assert [owners[i] for i in ids] == ["b", "a", "a", "a", "b", "b"]
+
+
+async def test_a_claim_passes_over_the_tasks_it_is_told_to_skip_and_stops_at_its_limit(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
+    db.migrate()
+    try:
+        await claims_skip_and_stop_at_the_limit(db)
+    finally:
+        db.close()
+
+
 # --- PostgreSQL: claims, sweeps, stop requests ------------------------------------------
 
 
@@ -156,6 +178,11 @@ async def test_replicas_claiming_at_once_take_disjoint_tasks(pg_db: Database) ->
     assert not set(rest) & set(got_a)
     owners = {t.task_id: t.owner_host for t in await a.tasks_in_states([State.QUEUED])}
     assert {owners[t] for t in got_a} == {"a"}
+
+
+@pytest.mark.postgres
+async def test_a_claim_on_postgresql_passes_over_the_tasks_it_is_told_to_skip(pg_db: Database) -> None:
+    await claims_skip_and_stop_at_the_limit(pg_db)
 
 
 @pytest.mark.postgres
