@@ -32,12 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lean_http import LeanClient  # noqa: E402
 from bench.stats import pct  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
-from services.scheduler import processes  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
 from tests.support.procs import client_security  # noqa: E402
-from tests.support.stack import make_stack  # noqa: E402
+from tests.support.stack import Stack, make_stack  # noqa: E402
 
 AGENT, SESSION = "agent-1", "cli-bench"
 N_THROUGHPUT = 200
@@ -324,12 +323,23 @@ async def task_latencies_ms(http: httpx.AsyncClient, base: str) -> tuple[list[fl
     return total, to_start, running
 
 
+def worker_hold_of(stack: Stack) -> str:
+    """What the stack's scheduler holds its workers with, as it logged at start-up
+    (``worker_hold``: "compiled" or "sh", with the reason it fell back)."""
+    for line in stack.procs["scheduler"].log_path.read_text().splitlines():
+        if '"worker_hold"' in line:
+            said = json.loads(line)
+            reason = said.get("fallback_reason")
+            return f"{said['kind']} ({reason})" if reason else str(said["kind"])
+    return "unknown (no worker_hold line in the scheduler's log)"
+
+
 async def throughput_round(
     n: int, profile_to: str | None
-) -> tuple[float, dict[str, float], tuple[list[float], list[float], list[float]]]:
+) -> tuple[float, dict[str, float], tuple[list[float], list[float], list[float]], str]:
     """(tasks/s created -> completed, CPU ms per task by process and by scheduler thread — plus
     the gateway's per create request alone and the number of list polls —, per-task latencies
-    as ``task_latencies_ms`` gives them) for N
+    as ``task_latencies_ms`` gives them, what held the workers) for N
     `/bin/true` tasks. The creates and the completion poll go through the lean client: the
     client shares the cores with the services, and httpx cost ~2.4 ms of CPU per request."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -399,7 +409,7 @@ async def throughput_round(
                 "polls": float(polls),
                 "creates_share": creates_s / total_s,
             }
-            return n / total_s, figures, latencies
+            return n / total_s, figures, latencies, worker_hold_of(stack)
         finally:
             stack.stop()
 
@@ -417,11 +427,11 @@ THROUGHPUT_SETTINGS = {
 
 
 async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: str | None) -> None:
-    hold = processes.choose_hold("auto")  # what the stack's scheduler chooses too (logged as worker_hold)
-    print(f"workers held by {hold.kind}{f' ({hold.fallback_reason})' if hold.fallback_reason else ''}", flush=True)
     rates, cpus, all_latencies, all_to_start, all_running, per_round = [], [], [], [], [], []
     for r in range(rounds):
-        rate, cpu, (latencies, to_start, running) = await throughput_round(n, profile_to if r == 0 else None)
+        rate, cpu, (latencies, to_start, running), held_by = await throughput_round(n, profile_to if r == 0 else None)
+        if r == 0:
+            print(f"workers held by {held_by}", flush=True)
         rates.append(rate)
         cpus.append(cpu)
         all_latencies.extend(latencies)
@@ -456,7 +466,7 @@ async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: 
         f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds})"
     )
     if json_to:
-        out = {"version": "taskgate", "config": {**THROUGHPUT_SETTINGS, "worker_hold": hold.kind}, "rounds": per_round}
+        out = {"version": "taskgate", "config": {**THROUGHPUT_SETTINGS, "worker_hold": held_by}, "rounds": per_round}
         Path(json_to).write_text(json.dumps(out))
 
 

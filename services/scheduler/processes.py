@@ -234,7 +234,8 @@ def _unsafe_program(program: Path, other_users: bool) -> str:
                 return f"{path}: other users cannot reach what is in it (a profile's user must run the hold)"
     except OSError as exc:
         return f"{program}: {exc.strerror or exc}"
-    if st.st_mode & (0o111 if other_users else 0o100) != (0o111 if other_users else 0o100):
+    runnable_by = 0o111 if other_users else 0o100
+    if st.st_mode & runnable_by != runnable_by:
         return f"{program}: not executable by {'every user' if other_users else 'its owner'}"
     return ""
 
