@@ -7,12 +7,15 @@ scheduler must only ever run a copy nobody else can replace.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -225,3 +228,50 @@ async def test_the_engine_asks_for_a_hold_other_users_can_run_only_when_a_profil
         assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
     finally:
         await h.close()
+
+
+SPAWNER = """
+import asyncio, json, sys
+from pathlib import Path
+from services.scheduler import processes
+
+async def main() -> None:
+    prefix, marker, log = json.loads(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    hold = processes.Hold(tuple(prefix), "under test")
+    held = await processes.launch(["touch", marker], log.parent, {"PATH": "/usr/bin:/bin"}, log, "t", hold=hold)
+    print(held.pid, flush=True)
+    await asyncio.sleep(3600)  # never releases it: SIGKILLed first
+
+asyncio.run(main())
+"""
+
+
+@needs_build
+@pytest.mark.parametrize("kind", ["sh", "compiled"])
+def test_a_scheduler_killed_while_its_worker_is_held_lets_nothing_of_the_worker_run(tmp_path: Path, kind: str) -> None:
+    """SIGKILL the spawning process mid-launch: the hold pipe closes and the held worker exits
+    without exec'ing its command (nothing is left running that no scheduler knows of)."""
+    from libs import proctree
+    from tests.support.procs import REPO
+
+    hold = {h.kind: h for h in holds()}[kind]
+    marker = tmp_path / "ran"
+    spawner = subprocess.Popen(
+        [sys.executable, "-c", SPAWNER, json.dumps(hold.prefix), str(marker), str(tmp_path / "w.log")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert spawner.stdout is not None
+        pid = int(spawner.stdout.readline())
+        held = proctree.read_stat(pid)
+        assert held is not None and held.alive, "held, waiting for its release"
+    finally:
+        spawner.kill()
+        spawner.wait()
+    deadline = time.monotonic() + 10
+    while (stat := proctree.read_stat(pid)) is not None and stat.alive:
+        assert time.monotonic() < deadline, "the held worker outlived its scheduler"
+        time.sleep(0.01)
+    assert not marker.exists(), "the command ran although nobody released it"
