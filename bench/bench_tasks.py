@@ -30,7 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lean_http import LeanClient  # noqa: E402
-from bench.stats import pct  # noqa: E402
+from bench.stats import data_disk, pct  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
@@ -335,83 +335,86 @@ def worker_hold_of(stack: Stack) -> str:
 
 
 async def throughput_round(
-    n: int, profile_to: str | None
+    n: int, profile_to: str | None, base: Path
 ) -> tuple[float, dict[str, float], tuple[list[float], list[float], list[float]], str]:
     """(tasks/s created -> completed, CPU ms per task by process and by scheduler thread — plus
     the gateway's per create request alone and the number of list polls —, per-task latencies
     as ``task_latencies_ms`` gives them, what held the workers) for N
     `/bin/true` tasks. The creates and the completion poll go through the lean client: the
-    client shares the cores with the services, and httpx cost ~2.4 ms of CPU per request."""
-    with tempfile.TemporaryDirectory() as tmp:
-        stack = make_stack(Path(tmp), **THROUGHPUT_SETTINGS)
-        stack.start()
-        try:
-            key = create_key(stack, "bench", AGENT)
-            add_member(stack, AGENT, SESSION, "bench")
-            path = f"/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks"
-            pids = {}
-            for name in CPU_PROCESSES:
-                proc = stack.procs[name].proc
-                assert proc is not None
-                pids[name] = proc.pid
-            spy = None
-            if profile_to:
-                spy = await asyncio.create_subprocess_exec(
-                    str(Path(sys.executable).parent / "py-spy"),
-                    "record",
-                    "-o",
-                    profile_to,
-                    "-p",
-                    str(pids["scheduler"]),
-                    "--nonblocking",
-                    "-r",
-                    "200",
-                    *(["--format", "raw"] if profile_to.endswith(".txt") else []),
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL,
-                )
-                await asyncio.sleep(1.0)
-            headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-            # 16 keep-alive connections, one request in flight on each: 16 creates in flight.
-            async with LeanClient(stack.http_url, 16) as lean:
-                create = lean.request("POST", path, headers, json.dumps({"title": "b", "profile": "true"}).encode())
-                poll = lean.request("GET", f"{path}?page_size=1", headers)
-                meter = CpuMeter(pids)
-                meter.start()
-                began = time.perf_counter()
-                await lean.repeat(create, n, expect=201)
-                creates_s = time.perf_counter() - began
-                # The gateway's share of the creates alone (the polls below cost it too).
-                gateway_create_ms = (cpu_seconds(pids["gateway"]) - meter.began["gateway"]) * 1000 / n
-                polls = 0
-                while True:
-                    polls += 1
-                    answer = await lean.send(poll)
-                    if answer.status != 200:
-                        raise RuntimeError(f"the task list answered {answer.status}: {answer.body[:300]!r}")
-                    if json.loads(answer.body)["total"] == 0:
-                        break
-                    await asyncio.sleep(0.02)
-                total_s = time.perf_counter() - began
-                meter.stop()
-            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
-                base = f"{stack.http_url}{path.removesuffix('/tasks')}"
-                r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
-                completed = r.json()["total"]
-                assert completed == n, completed
-                latencies = await task_latencies_ms(http, base)
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)
-                await spy.wait()
-            figures = {
-                **meter.per_task_ms(n),
-                "gateway_per_create": gateway_create_ms,
-                "polls": float(polls),
-                "creates_share": creates_s / total_s,
-            }
-            return n / total_s, figures, latencies, worker_hold_of(stack)
-        finally:
-            stack.stop()
+    client shares the cores with the services, and httpx cost ~2.4 ms of CPU per request.
+    The stack's data goes to a new folder in ``base``, which the caller removes after its last
+    round: a round's ~1,000 log files deleted right before the next round would make that
+    round's creates pay for them on a disk like this VM's (``stats.data_disk``)."""
+    tmp = tempfile.mkdtemp(prefix="round-", dir=base)
+    stack = make_stack(Path(tmp), **THROUGHPUT_SETTINGS)
+    stack.start()
+    try:
+        key = create_key(stack, "bench", AGENT)
+        add_member(stack, AGENT, SESSION, "bench")
+        path = f"/api/v1/agents/{AGENT}/sessions/{SESSION}/tasks"
+        pids = {}
+        for name in CPU_PROCESSES:
+            proc = stack.procs[name].proc
+            assert proc is not None
+            pids[name] = proc.pid
+        spy = None
+        if profile_to:
+            spy = await asyncio.create_subprocess_exec(
+                str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "-o",
+                profile_to,
+                "-p",
+                str(pids["scheduler"]),
+                "--nonblocking",
+                "-r",
+                "200",
+                *(["--format", "raw"] if profile_to.endswith(".txt") else []),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            await asyncio.sleep(1.0)
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        # 16 keep-alive connections, one request in flight on each: 16 creates in flight.
+        async with LeanClient(stack.http_url, 16) as lean:
+            create = lean.request("POST", path, headers, json.dumps({"title": "b", "profile": "true"}).encode())
+            poll = lean.request("GET", f"{path}?page_size=1", headers)
+            meter = CpuMeter(pids)
+            meter.start()
+            began = time.perf_counter()
+            await lean.repeat(create, n, expect=201)
+            creates_s = time.perf_counter() - began
+            # The gateway's share of the creates alone (the polls below cost it too).
+            gateway_create_ms = (cpu_seconds(pids["gateway"]) - meter.began["gateway"]) * 1000 / n
+            polls = 0
+            while True:
+                polls += 1
+                answer = await lean.send(poll)
+                if answer.status != 200:
+                    raise RuntimeError(f"the task list answered {answer.status}: {answer.body[:300]!r}")
+                if json.loads(answer.body)["total"] == 0:
+                    break
+                await asyncio.sleep(0.02)
+            total_s = time.perf_counter() - began
+            meter.stop()
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+            base = f"{stack.http_url}{path.removesuffix('/tasks')}"
+            r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
+            completed = r.json()["total"]
+            assert completed == n, completed
+            latencies = await task_latencies_ms(http, base)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            await spy.wait()
+        figures = {
+            **meter.per_task_ms(n),
+            "gateway_per_create": gateway_create_ms,
+            "polls": float(polls),
+            "creates_share": creates_s / total_s,
+        }
+        return n / total_s, figures, latencies, worker_hold_of(stack)
+    finally:
+        stack.stop()
 
 
 # The throughput run's [tasks] settings. The supervisor's and the telemetry agent's timers are at
@@ -427,9 +430,18 @@ THROUGHPUT_SETTINGS = {
 
 
 async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: str | None) -> None:
+    with tempfile.TemporaryDirectory() as base:
+        await _throughput_rounds(n, rounds, profile_to, json_to, Path(base))
+
+
+async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_to: str | None, base: Path) -> None:
     rates, cpus, all_latencies, all_to_start, all_running, per_round = [], [], [], [], [], []
+    disk = data_disk(base)
+    print(f"data on {disk}", flush=True)
     for r in range(rounds):
-        rate, cpu, (latencies, to_start, running), held_by = await throughput_round(n, profile_to if r == 0 else None)
+        rate, cpu, (latencies, to_start, running), held_by = await throughput_round(
+            n, profile_to if r == 0 else None, base
+        )
         if r == 0:
             print(f"workers held by {held_by}", flush=True)
         rates.append(rate)
@@ -466,7 +478,8 @@ async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: 
         f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds})"
     )
     if json_to:
-        out = {"version": "taskgate", "config": {**THROUGHPUT_SETTINGS, "worker_hold": held_by}, "rounds": per_round}
+        config = {**THROUGHPUT_SETTINGS, "worker_hold": held_by, "data_disk": disk}
+        out = {"version": "taskgate", "config": config, "rounds": per_round}
         Path(json_to).write_text(json.dumps(out))
 
 
