@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -280,6 +281,67 @@ def cpu_line(per_task: dict[str, float]) -> str:
     )
 
 
+GROUP_COMMITS = {
+    "taskgate_group_commit_batches_total": "(transactions)",
+    "taskgate_group_commit_reruns_total": "(reruns)",
+}
+
+
+def store_units(metrics_url: str) -> dict[str, tuple[float, float]]:
+    """The scheduler's store units so far, by store call: (units run, database-thread CPU s);
+    and its group commit's transactions and reruns as ``(transactions)``, ``(reruns)``: (count, 0)."""
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
+        for sample in family.samples:
+            if sample.name in GROUP_COMMITS:
+                found[GROUP_COMMITS[sample.name]] = [sample.value, 0.0]
+            which = {"taskgate_store_units_total": 0, "taskgate_store_unit_cpu_seconds_total": 1}.get(sample.name)
+            if which is not None:
+                found.setdefault(sample.labels["unit"], [0.0, 0.0])[which] = sample.value
+    return {unit: (n, cpu) for unit, (n, cpu) in found.items()}
+
+
+def units_per_task(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], n: int
+) -> dict[str, float]:
+    """``unit:<call>`` (units per task), ``unit:<call>:us`` (µs of CPU per unit) and
+    ``unit:<call>:ms`` (ms of CPU per task) for each store call the run made."""
+    out: dict[str, float] = {}
+    for unit, (count, cpu) in after.items():
+        count -= before.get(unit, (0.0, 0.0))[0]
+        cpu -= before.get(unit, (0.0, 0.0))[1]
+        if count > 0:
+            out[f"unit:{unit}"] = count / n
+            out[f"unit:{unit}:us"] = 1e6 * cpu / count
+            out[f"unit:{unit}:ms"] = 1e3 * cpu / n
+    return out
+
+
+def units_line(per_task: dict[str, float]) -> str:
+    """The database thread's CPU per task by store call, heaviest first, and what is left of
+    the thread's time outside the units (transactions' begin, savepoints, commit; other work)."""
+    units = sorted(
+        (
+            k.removeprefix("unit:").removesuffix(":ms")
+            for k in per_task
+            if k.startswith("unit:") and k.endswith(":ms") and not k.startswith("unit:(")
+        ),
+        key=lambda unit: -per_task[f"unit:{unit}:ms"],
+    )
+    inside = sum(per_task[f"unit:{u}:ms"] for u in units)
+    parts = [
+        f"{u} {per_task[f'unit:{u}:ms']:.2f} ({per_task[f'unit:{u}']:.2f}/task x {per_task[f'unit:{u}:us']:.0f} us)"
+        for u in units
+        if per_task[f"unit:{u}:ms"] >= 0.005
+    ]
+    outside = per_task.get("thread:db", 0.0) - inside
+    return (
+        f"db thread ms/task by store call: {', '.join(parts)}; outside the units {outside:.2f} "
+        f"({per_task.get('unit:(transactions)', 0.0):.3f} transactions per task, "
+        f"{per_task.get('unit:(reruns)', 0.0) * 1000:.1f} reruns per 1,000 tasks)"
+    )
+
+
 def threads_line(per_task: dict[str, float]) -> str:
     """The scheduler's CPU per task by thread kind, heaviest first, each with its system (kernel)
     share: ``loop`` the event loop, ``db`` the database threads, ``asyncio`` the loop's executor
@@ -346,7 +408,7 @@ async def throughput_round(
     round: a round's ~1,000 log files deleted right before the next round would make that
     round's creates pay for them on a disk like this VM's (``stats.data_disk``)."""
     tmp = tempfile.mkdtemp(prefix="round-", dir=base)
-    stack = make_stack(Path(tmp), **THROUGHPUT_SETTINGS)
+    stack = make_stack(Path(tmp), metrics=True, **THROUGHPUT_SETTINGS)
     stack.start()
     try:
         key = create_key(stack, "bench", AGENT)
@@ -380,6 +442,7 @@ async def throughput_round(
             create = lean.request("POST", path, headers, json.dumps({"title": "b", "profile": "true"}).encode())
             poll = lean.request("GET", f"{path}?page_size=1", headers)
             meter = CpuMeter(pids)
+            units_before = store_units(stack.metrics_url("scheduler"))
             meter.start()
             began = time.perf_counter()
             await lean.repeat(create, n, expect=201)
@@ -397,6 +460,7 @@ async def throughput_round(
                 await asyncio.sleep(0.02)
             total_s = time.perf_counter() - began
             meter.stop()
+            units = units_per_task(units_before, store_units(stack.metrics_url("scheduler")), n)
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
             base = f"{stack.http_url}{path.removesuffix('/tasks')}"
             r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
@@ -407,6 +471,7 @@ async def throughput_round(
             spy.send_signal(signal.SIGINT)
             await spy.wait()
         figures = {
+            **units,
             **meter.per_task_ms(n),
             "gateway_per_create": gateway_create_ms,
             "polls": float(polls),
@@ -457,12 +522,21 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
                 if k.startswith("thread:")
             }
         )
+        extra.update(
+            {
+                f"scheduler_db_{k.removeprefix('unit:').removesuffix(':ms')}_cpu_ms_per_task": v
+                for k, v in cpu.items()
+                if k.startswith("unit:") and k.endswith(":ms") and not k.startswith("unit:(")
+            }
+        )
+        extra["scheduler_transactions_per_task"] = cpu.get("unit:(transactions)", 0.0)
+        extra["scheduler_reruns_per_task"] = cpu.get("unit:(reruns)", 0.0)
         extra["gateway_cpu_ms_per_create_request"] = cpu["gateway_per_create"]
         extra["creates_share_of_run"] = cpu["creates_share"]
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
             f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, created->ended p50 {pct(latencies, 0.5):7.1f} ms, "
-            f"load {os.getloadavg()[0]:.2f}\n  {cpu_line(cpu)}\n  {threads_line(cpu)}",
+            f"load {os.getloadavg()[0]:.2f}\n  {cpu_line(cpu)}\n  {threads_line(cpu)}\n  {units_line(cpu)}",
             flush=True,
         )
     names = {name for c in cpus for name in c}
@@ -474,6 +548,7 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
         f"(created->started p50 {pct(all_to_start, 0.5):.1f} ms, started->ended p50 {pct(all_running, 0.5):.1f} ms)\n"
         f"  {cpu_line(median_cpu)}\n"
         f"  {threads_line(median_cpu)}\n"
+        f"  {units_line(median_cpu)}\n"
         f"  (client: the lean load generator, bench/lean_http.py; reproduce: "
         f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds})"
     )

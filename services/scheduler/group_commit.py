@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -33,7 +34,13 @@ from sqlalchemy import Connection
 from sqlalchemy.sql import ClauseElement
 
 from libs.db import Database
-from services.scheduler.metrics import BATCH_RERUNS, BATCHES
+from libs.metrics import Children
+from services.scheduler.metrics import (
+    BATCH_RERUNS,
+    BATCHES,
+    STORE_UNIT_CPU,
+    STORE_UNITS,
+)
 
 T = TypeVar("T")
 
@@ -93,6 +100,35 @@ class Direct:
 
 
 Unit = Callable[[Tx], Any]
+
+_unit_counts = Children(STORE_UNITS)
+_unit_cpu = Children(STORE_UNIT_CPU)
+_unit_names: dict[str, str] = {}
+
+
+def unit_name(unit: Unit) -> str:
+    """The store call a unit comes from: ``SchedulerStore.update_task.<locals>.work`` -> ``update_task``."""
+    target = unit.func if isinstance(unit, functools.partial) else unit
+    qualname = getattr(target, "__qualname__", type(target).__name__)
+    name = _unit_names.get(qualname)
+    if name is None:
+        words = [w for w in qualname.split(".") if not w.startswith("<")]  # no <locals>, <lambda>
+        if len(words) > 1 and words[-1] == "work":  # the store's own name for its units
+            words.pop()
+        name = _unit_names[qualname] = words[-1] if words else qualname
+    return name
+
+
+def _run_unit(unit: Unit, tx: Tx) -> Any:
+    """``unit(tx)``, with the database thread's CPU inside it counted by its name."""
+    began = time.thread_time()
+    try:
+        return unit(tx)
+    finally:
+        name = unit_name(unit)
+        _unit_counts(name).inc()
+        _unit_cpu(name).inc(time.thread_time() - began)
+
 
 MAX_UNITS = 128  # one transaction stays short even under a burst
 
@@ -166,7 +202,7 @@ class GroupCommit:
 
 def _run_alone(conn: Connection, unit: Callable[[Tx], T], before_commit: Callable[[Tx], None] | None) -> T:
     tx = Tx(conn)
-    result = unit(tx)
+    result = _run_unit(unit, tx)
     if before_commit is not None:
         before_commit(tx)
     return result
@@ -178,7 +214,7 @@ def _run_units(
     tx = Tx(conn)
     if len(units) == 1:  # nothing to isolate from: no savepoint
         try:
-            outcomes = [(True, units[0](tx))]
+            outcomes = [(True, _run_unit(units[0], tx))]
         except Exception as exc:
             # The caller sees the error; the transaction still rolls back (nothing else is in it).
             raise _Failed(exc) from exc
@@ -186,7 +222,7 @@ def _run_units(
         outcomes = []
         for unit in units:
             try:
-                outcomes.append((True, unit(tx)))
+                outcomes.append((True, _run_unit(unit, tx)))
             except Exception as exc:
                 raise _Isolate() from exc  # the transaction rolls back; the batch runs again, isolated
     else:
@@ -196,7 +232,7 @@ def _run_units(
             driver.execute("SAVEPOINT unit")
             notified = set(tx.info.get("notify", ()))
             try:
-                value = unit(tx)
+                value = _run_unit(unit, tx)
             except Exception as exc:
                 driver.execute("ROLLBACK TO SAVEPOINT unit")
                 driver.execute("RELEASE SAVEPOINT unit")

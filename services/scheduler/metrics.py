@@ -31,6 +31,19 @@ BATCH_RERUNS = Counter(
     "taskgate_group_commit_reruns_total",
     "Batches run without savepoints (PostgreSQL) in which a unit failed, run again with each unit isolated",
 )
+# Where the database thread's time goes, by kind of store unit (``group_commit``): its CPU, not
+# its wall time, so waiting for the GIL or the disk is not counted. What the thread spends
+# besides (begin, savepoints, commit) is its total CPU less these.
+STORE_UNITS = Counter(
+    "taskgate_store_units_total",
+    "Units of work run on the scheduler's database thread, by store call (update_task, create_task ...)",
+    ["unit"],
+)
+STORE_UNIT_CPU = Counter(
+    "taskgate_store_unit_cpu_seconds_total",
+    "CPU time of the database thread inside each kind of store unit (committed or not)",
+    ["unit"],
+)
 QUEUE_WAIT = Histogram(
     "taskgate_task_queue_wait_seconds",
     "From a task becoming queued to the dispatcher starting its launch (waiting for a slot)",

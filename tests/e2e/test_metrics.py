@@ -29,6 +29,8 @@ EXPECTED = {
         "taskgate_task_watchers",
         "taskgate_group_commit_batches",
         "taskgate_group_commit_reruns",
+        "taskgate_store_units",
+        "taskgate_store_unit_cpu_seconds",
         "taskgate_rpc_duration_seconds",
     },
     "pending": {

@@ -516,6 +516,63 @@ async def test_a_unit_that_fails_after_writing_rolls_back_alone_in_a_shared_tran
     assert titles == {t: ("t" if i == 3 else "renamed") for i, t in enumerate(ids)}
 
 
+async def test_the_database_threads_cpu_is_counted_by_store_call(scheduler_db: Database) -> None:
+    """Each unit a store call runs counts once under its call's name, with the database
+    thread's CPU inside it; a refused change counts too (it ran)."""
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, unit: str) -> float:
+        return REGISTRY.get_sample_value(name, {"unit": unit}) or 0.0
+
+    def counts(unit: str) -> tuple[float, float]:
+        return sample("taskgate_store_units_total", unit), sample("taskgate_store_unit_cpu_seconds_total", unit)
+
+    store = SchedulerStore(scheduler_db)
+    created, updated = counts("create_task"), counts("update_task")
+    for i in range(1, 6):
+        await store.create_task(make_task(f"{i:032x}"))
+
+    def to_running(t: Task) -> Task:
+        t.state = State.RUNNING
+        return t
+
+    def to_completed(t: Task) -> Task:
+        t.state = State.COMPLETED
+        return t
+
+    await store.update_task(f"{1:032x}", to_running, "task.state_changed", 2000)
+    await store.update_task(f"{1:032x}", to_completed, "task.state_changed", 3000)
+    with pytest.raises(InvalidTransition):
+        await store.update_task(f"{1:032x}", to_running, "task.state_changed", 4000)
+    after_create, after_update = counts("create_task"), counts("update_task")
+    assert after_create[0] == created[0] + 5 and after_create[1] > created[1]
+    assert after_update[0] == updated[0] + 3 and after_update[1] > updated[1]
+
+
+def test_a_units_name_is_the_store_call_it_comes_from() -> None:
+    import functools
+
+    from services.scheduler.group_commit import unit_name
+
+    class Store:
+        def update_task(self) -> Callable[[object], None]:
+            def work(tx: object) -> None:
+                return None
+
+            return work
+
+        def save_attempt(self) -> Callable[[object], None]:
+            return lambda tx: None
+
+        def _claim(self, tx: object, limit: int) -> None:
+            return None
+
+    store = Store()
+    assert unit_name(store.update_task()) == "update_task"
+    assert unit_name(store.save_attempt()) == "save_attempt"
+    assert unit_name(functools.partial(store._claim, limit=3)) == "_claim"
+
+
 def test_an_optimistic_batch_takes_no_savepoint_and_a_failing_unit_sends_it_round_again() -> None:
     """The mechanism alone, on a recording driver: isolated units each get a savepoint (one
     that fails is rolled back to it); optimistic units get none, and one failing unit makes the
