@@ -2,10 +2,11 @@
 
 Run: .venv/bin/python bench/bench_store.py [N] [--profile FILE]
 N tasks (default 1000) go through the store calls a `/bin/true` task makes, in a
-temporary SQLite database, 64 at a time (the stack's max_running in the throughput
-benchmark): create, claim, begin_launch (`launching` attempt), save_attempt (identity),
+temporary SQLite database, shaped as in the throughput benchmark: creates 16 in flight,
+and one dispatch loop claiming up to the free room of 64 (``Dispatcher``) and taking each
+claimed task through begin_launch (`launching` attempt), save_attempt (identity),
 update_task -> running (with the attempt), update_task -> completed (with the ended
-attempt), each change published through ``Runtime.published``-equivalent calls (hub +
+attempt); each change published through ``Runtime.published``-equivalent calls (hub +
 metrics); a log follower reads the event log as the notifier's does. No processes, no
 gRPC: what is left is the database thread, the group commit, (de)serialisation,
 publishing and one log line per start and per end.
@@ -29,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from prometheus_client import REGISTRY  # noqa: E402
+
 from libs import log as tglog  # noqa: E402
 from libs.db import Database  # noqa: E402
 from services.scheduler import domain  # noqa: E402
@@ -38,7 +41,8 @@ from services.scheduler.metrics import LifecycleMetrics  # noqa: E402
 from services.scheduler.store import MIGRATIONS, SchedulerStore, StoredEvent  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-IN_FLIGHT = int(os.environ.get("BENCH_IN_FLIGHT", "64"))
+IN_FLIGHT = int(os.environ.get("BENCH_IN_FLIGHT", "16"))  # creates, as the throughput benchmark's client
+MAX_RUNNING = 64  # the throughput benchmark's
 
 
 def new_task(i: int, now: int) -> Task:
@@ -70,54 +74,88 @@ class Publisher:
             self.metrics.published(stored.type, stored.at, stored.previous, task, int(time.time() * 1000))
 
 
-async def lifecycle(store: SchedulerStore, pub: Publisher, log: object, i: int) -> None:
-    now = int(time.time() * 1000)
-    task, stored = await store.create_task(new_task(i, now))
-    pub.published(stored, task)
-    claimed = await store.claim_queued(1, skip=(), any_owner=True)
-    assert task.task_id in claimed or claimed
-    token_hash = uuid.uuid4().hex
+class Dispatcher:
+    """What the scheduler's dispatch loop does with the store: one claim at a time of up to the
+    free room (``MAX_RUNNING`` less the tasks being launched or running; a quarter of it at least
+    while launches are under way), passing over the tasks whose launch is under way, and each
+    claimed task's lifecycle started on its own."""
 
-    def plan(t: Task, previous: list[Attempt]) -> Attempt:
-        return Attempt(
-            attempt_id=uuid.uuid4().hex,
-            task_id=t.task_id,
-            number=len(previous) + 1,
-            boot_id="boot",
-            token_hash=token_hash,
-            state="launching",
-            host_id="local",
+    def __init__(self, store: SchedulerStore, pub: Publisher, log: object) -> None:
+        self.store, self.pub, self.log = store, pub, log
+        self.launching: set[str] = set()  # claimed, still queued
+        self.busy: set[str] = set()  # claimed, not yet completed
+        self.completed = 0
+        self.wake = asyncio.Event()
+
+    async def run(self, n: int) -> None:
+        lifecycles: set[asyncio.Task[None]] = set()
+        while self.completed < n:
+            await self.wake.wait()
+            self.wake.clear()
+            room = MAX_RUNNING - len(self.busy)
+            if room < (max(1, MAX_RUNNING // 4) if self.launching else 1):
+                continue
+            claimed = await self.store.claim_queued(room, skip=list(self.launching), any_owner=True)
+            for task_id in claimed:
+                self.launching.add(task_id)
+                self.busy.add(task_id)
+                lifecycle = asyncio.create_task(self.lifecycle(task_id))
+                lifecycles.add(lifecycle)
+                lifecycle.add_done_callback(lifecycles.discard)
+            if len(claimed) == room:
+                self.wake.set()  # there may be more
+        await asyncio.gather(*lifecycles)
+
+    async def lifecycle(self, task_id: str) -> None:
+        """A claimed task through launch, running and completed."""
+        store, pub, log = self.store, self.pub, self.log
+        now = int(time.time() * 1000)
+        token_hash = uuid.uuid4().hex
+
+        def plan(t: Task, previous: list[Attempt]) -> Attempt:
+            return Attempt(
+                attempt_id=uuid.uuid4().hex,
+                task_id=t.task_id,
+                number=len(previous) + 1,
+                boot_id="boot",
+                token_hash=token_hash,
+                state="launching",
+                host_id="local",
+            )
+
+        begun = await store.begin_launch(task_id, plan)
+        assert begun is not None, "a claimed task is this host's and still queued"
+        task, _, attempt = begun
+        assert attempt is not None
+        attempt.pid, attempt.pgid, attempt.pid_start_time = 1000, 1000, 5000
+        await store.save_attempt(attempt)
+        attempt.started_at = started = int(time.time() * 1000)
+        attempt.state = "running"
+        task, stored = await store.update_task(
+            task.task_id,
+            lambda t: domain.start_running(t, started, now, None, None),
+            "task.state_changed",
+            now,
+            attempt=attempt,
         )
-
-    begun = await store.begin_launch(task.task_id, plan)
-    if begun is None:  # another lifecycle's claim took this one: it is launched there
-        return
-    _, _, attempt = begun
-    assert attempt is not None
-    attempt.pid, attempt.pgid, attempt.pid_start_time = 1000 + i, 1000 + i, 5000 + i
-    await store.save_attempt(attempt)
-    attempt.started_at = started = int(time.time() * 1000)
-    attempt.state = "running"
-    task, stored = await store.update_task(
-        task.task_id,
-        lambda t: domain.start_running(t, started, now, None, None),
-        "task.state_changed",
-        now,
-        attempt=attempt,
-    )
-    pub.published(stored, task)
-    log.info("worker_started", task_id=task.task_id, attempt=attempt.number, pid=attempt.pid)  # type: ignore[attr-defined]
-    ended = int(time.time() * 1000)
-    attempt.state, attempt.ended_at, attempt.exit_code, attempt.outcome = "ended", ended, 0, "exited"
-    task, stored = await store.update_task(
-        task.task_id,
-        lambda t: t if domain.finish(t, State.COMPLETED, ended, result=domain.Result(text="")) else None,
-        "task.state_changed",
-        ended,
-        attempt=attempt,
-    )
-    pub.published(stored, task)
-    log.info("task_finished", task_id=task.task_id, state=task.state.value, exit_code=0)  # type: ignore[attr-defined]
+        self.launching.discard(task_id)  # running: no longer queued
+        pub.published(stored, task)
+        log.info("worker_started", task_id=task.task_id, attempt=attempt.number, pid=attempt.pid)  # type: ignore[attr-defined]
+        ended = int(time.time() * 1000)
+        attempt.state, attempt.ended_at, attempt.exit_code, attempt.outcome = "ended", ended, 0, "exited"
+        task, stored = await store.update_task(
+            task.task_id,
+            lambda t: t if domain.finish(t, State.COMPLETED, ended, result=domain.Result(text="")) else None,
+            "task.state_changed",
+            ended,
+            attempt=attempt,
+        )
+        pub.published(stored, task)
+        assert task.state == State.COMPLETED
+        log.info("task_finished", task_id=task.task_id, state=task.state.value, exit_code=0)  # type: ignore[attr-defined]
+        self.busy.discard(task_id)
+        self.completed += 1
+        self.wake.set()  # a slot is free
 
 
 async def follower(store: SchedulerStore, pub: Publisher, want: int, done: asyncio.Event) -> int:
@@ -159,18 +197,23 @@ async def one_round(tmp: Path, n: int) -> dict[str, float]:
 
     db.run_connection = counted  # type: ignore[method-assign]
     sem = asyncio.Semaphore(IN_FLIGHT)
+    dispatcher = Dispatcher(store, pub, log)
 
-    async def one(i: int) -> None:
+    async def create(i: int) -> None:
         async with sem:
-            await lifecycle(store, pub, log, i)
+            task, stored = await store.create_task(new_task(i, int(time.time() * 1000)))
+        pub.published(stored, task)
+        dispatcher.wake.set()
 
     done = asyncio.Event()
+    units0 = unit_counters()
     cpu0, t0, tx0 = time.process_time(), time.perf_counter(), store.group.transactions
     follow = asyncio.create_task(follower(store, pub, 3 * n, done))
-    await asyncio.gather(*(one(i) for i in range(n)))
+    await asyncio.gather(dispatcher.run(n), *(create(i) for i in range(n)))
     done.set()
     reads = await follow
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    assert dispatcher.completed == n, f"{dispatcher.completed} of {n} tasks completed"
     figures = {
         "cpu_ms_per_task": 1000 * cpu / n,
         "tasks_per_s": n / wall,
@@ -178,8 +221,25 @@ async def one_round(tmp: Path, n: int) -> dict[str, float]:
         "transactions_per_task": (store.group.transactions - tx0) / n,
         "follower_reads_per_task": reads / n,
     }
+    # Each store call's units: µs of the database thread's CPU per unit (group_commit's counters).
+    for unit, (count, seconds) in sorted(unit_counters().items()):
+        count -= units0.get(unit, (0.0, 0.0))[0]
+        seconds -= units0.get(unit, (0.0, 0.0))[1]
+        if count:
+            figures[f"us_per_{unit}"] = 1e6 * seconds / count
     db.close()
     return figures
+
+
+def unit_counters() -> dict[str, tuple[float, float]]:
+    """This process's store units so far, by store call: (units run, CPU seconds inside them)."""
+    found: dict[str, list[float]] = {}
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            which = {"taskgate_store_units_total": 0, "taskgate_store_unit_cpu_seconds_total": 1}.get(sample.name)
+            if which is not None:
+                found.setdefault(sample.labels["unit"], [0.0, 0.0])[which] = sample.value
+    return {unit: (n, seconds) for unit, (n, seconds) in found.items()}
 
 
 def log_line_cost(lines: int = 20_000) -> tuple[float, float]:
@@ -217,11 +277,15 @@ def main() -> None:
         if profile:
             import cProfile
 
-            cProfile.run("asyncio.run(one_round(Path(tmp), n))", profile)
+            # The loop's side only: cProfile sees the thread it runs in.
+            cProfile.runctx("asyncio.run(one_round(Path(tmp), n))", globals(), {"tmp": tmp, "n": n}, profile)
         for _ in range(ROUNDS):
             rounds.append(asyncio.run(one_round(Path(tmp), n)))
     sys.stderr = sys.__stderr__
-    print(f"store lifecycle, SQLite, N={n}, {IN_FLIGHT} in flight, median of {ROUNDS} (load {os.getloadavg()[0]:.1f})")
+    print(
+        f"store lifecycle, SQLite, N={n}, {IN_FLIGHT} creates in flight, {MAX_RUNNING} running, "
+        f"median of {ROUNDS} (load {os.getloadavg()[0]:.1f})"
+    )
     for key in rounds[0]:
         values = [r[key] for r in rounds]
         print(
