@@ -1,6 +1,6 @@
 """The scheduler's persistence and publishing path alone: CPU per task lifecycle.
 
-Run: .venv/bin/python bench/bench_store.py [N] [--profile FILE]
+Run: .venv/bin/python bench/bench_store.py [N] [--profile FILE] [--savepoints]
 N tasks (default 1000) go through the store calls a `/bin/true` task makes, in a
 temporary SQLite database, shaped as in the throughput benchmark: creates 16 in flight,
 and one dispatch loop claiming up to the free room of 64 (``Dispatcher``) and taking each
@@ -10,6 +10,9 @@ attempt); each change published through ``Runtime.published``-equivalent calls (
 metrics); a log follower reads the event log as the notifier's does. No processes, no
 gRPC: what is left is the database thread, the group commit, (de)serialisation,
 publishing and one log line per start and per end.
+
+``--savepoints``: each unit of a batch in its own savepoint from the start, as before the group
+commit ran batches optimistically on SQLite too (to compare).
 
 Prints CPU ms per task (the whole process: loop + database thread), database hops
 (executor round trips) per task and group-commit transactions per task; then the cost
@@ -185,6 +188,8 @@ async def one_round(tmp: Path, n: int) -> dict[str, float]:
     db = Database(f"sqlite:///{tmp / f'{uuid.uuid4().hex}.db'}", MIGRATIONS)
     db.migrate()
     store = SchedulerStore(db)
+    if "--savepoints" in sys.argv:  # every unit of a batch in its own savepoint from the start
+        store.group.optimistic = False
     pub = Publisher()
     log = tglog.get_logger("bench")
     hops = 0

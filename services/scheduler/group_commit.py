@@ -1,18 +1,20 @@
 """Group commit: the store's units of work from many tasks, committed together.
 
-Each unit runs in its own savepoint inside one transaction: a unit that fails
-(an unknown task, a refused transition) rolls back alone and its caller gets the
-error; the others commit. Callers are answered only after the commit, so an
+Each unit commits whole or not at all inside one shared transaction: a unit that
+fails (an unknown task, a refused transition) rolls back alone and its caller gets
+the error; the others commit. Callers are answered only after the commit, so an
 event is published after its change is durable, as before. Nothing waits on a
 timer: while one batch is on the database thread the next one gathers, so a lone
 change commits at once and a burst shares one transaction.
 
-Savepoints cost a round trip each on PostgreSQL (two per unit, about a third of a busy
-batch's time there), so there a batch first runs optimistically, without them: when a unit
+Savepoints are not free: on PostgreSQL each costs a round trip (two per unit, about a third
+of a busy batch's time there), and on SQLite writes inside one keep a sub-journal for its
+rollback (the savepoints and that cost ≈ 0.25 ms of CPU per task, ≈ 12 % of the store's path,
+``bench/bench_store.py``). So a batch first runs optimistically, without them: when a unit
 fails, the whole transaction is rolled back and the batch runs again, each unit in its own
 savepoint. A unit may therefore run more than once; units are functions of what they read,
 with no effect outside their transaction (what they return is taken from the run that
-committed). On SQLite savepoints cost microseconds and are always taken.
+committed). Units seldom fail (an unknown task, a refused transition: races).
 
 Units get a ``Tx`` — the transaction's Core connection — not an ORM session: the
 store's statements are all Core, and a session (its begin, connection lookup and
@@ -142,8 +144,8 @@ class GroupCommit:
         optimistic: bool | None = None,
     ) -> None:
         self.db = db
-        # Batches run without savepoints first (default: on PostgreSQL, see the module's doc).
-        self.optimistic = db.engine.dialect.name == "postgresql" if optimistic is None else optimistic
+        # Batches run without savepoints first (see the module's doc); False: always isolated.
+        self.optimistic = True if optimistic is None else optimistic
         # Runs last in every batch's transaction (the store sends its NOTIFYs there).
         self.before_commit = before_commit
         self.max_units = max_units

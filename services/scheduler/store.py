@@ -445,7 +445,7 @@ class SchedulerStore:
         self.host_id = host_id
         self.postgres = db.engine.dialect.name == "postgresql"
         # Every unit of work goes through one group commit: concurrent tasks' changes
-        # share a transaction (each in its own savepoint), committed before anyone hears.
+        # share a transaction (each whole or not at all), committed before anyone hears.
         self.group = GroupCommit(db, before_commit=self.send_notifications)
         self._run = self.group.run
         # Whether a task that is ending may hold a question in the pending-registry; the
