@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python bench/bench_tasks.py   (or `make bench`)
      .venv/bin/python bench/bench_tasks.py --throughput 1000 [--rounds 3] [--profile out.svg] [--json out.json]
+       [--data-root DIR]
        only REST created -> completed for N `/bin/true` workers, a fresh stack per round, with
        the CPU per task of every process (scheduler, gateway, notifier, telemetry, pending, the
        client itself), each task's createdAt -> endedAt latency (and a py-spy flame graph of the
@@ -494,7 +495,15 @@ THROUGHPUT_SETTINGS = {
 }
 
 
-async def throughput_main(n: int, rounds: int, profile_to: str | None, json_to: str | None) -> None:
+async def throughput_main(
+    n: int, rounds: int, profile_to: str | None, json_to: str | None, data_root: str | None = None
+) -> None:
+    """``data_root``: the rounds' data folders go there and stay (the caller removes them, after
+    its own last round); else into a temporary folder removed after the last round."""
+    if data_root:
+        Path(data_root).mkdir(parents=True, exist_ok=True)
+        await _throughput_rounds(n, rounds, profile_to, json_to, Path(data_root))
+        return
     with tempfile.TemporaryDirectory() as base:
         await _throughput_rounds(n, rounds, profile_to, json_to, Path(base))
 
@@ -572,8 +581,11 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", default=None, help="py-spy flame graph of the scheduler (first round)")
     parser.add_argument("--json", default=None, help="with --throughput: write the rounds to this file")
+    parser.add_argument(
+        "--data-root", default=None, help="with --throughput: the rounds' data folders go here and are kept"
+    )
     args = parser.parse_args()
     if args.throughput:
-        asyncio.run(throughput_main(args.throughput, args.rounds, args.profile, args.json))
+        asyncio.run(throughput_main(args.throughput, args.rounds, args.profile, args.json, args.data_root))
     else:
         asyncio.run(main())

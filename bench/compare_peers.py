@@ -130,7 +130,14 @@ def run_runner(key: str, argv: list[str], n: int, workdir: Path) -> tuple[RoundF
     """One round of a runner: its figures and the versions it reports."""
     out = workdir / f"{key}.json"
     out.unlink(missing_ok=True)
-    size = ["--throughput", str(n)] if key == TASKGATE else ["--n", str(n), "--workdir", str(workdir / key)]
+    # taskgate's rounds keep their data until the whole comparison ends (``workdir`` is removed
+    # then): a round's deleted worker logs would otherwise cost the next round's log creates on
+    # a disk without a journal (see bench_tasks.throughput_round).
+    size = (
+        ["--throughput", str(n), "--data-root", str(workdir / key)]
+        if key == TASKGATE
+        else ["--n", str(n), "--workdir", str(workdir / key)]
+    )
     cmd = [*argv, *size, "--rounds", "1", "--json", str(out)]
     progress(f"  $ {shlex.join(cmd)}")
     done = subprocess.run(cmd, cwd=REPO, check=False)
