@@ -141,11 +141,11 @@ class GroupCommit:
         db: Database,
         max_units: int = MAX_UNITS,
         before_commit: Callable[[Tx], None] | None = None,
-        optimistic: bool | None = None,
+        optimistic: bool = True,
     ) -> None:
         self.db = db
         # Batches run without savepoints first (see the module's doc); False: always isolated.
-        self.optimistic = True if optimistic is None else optimistic
+        self.optimistic = optimistic
         # Runs last in every batch's transaction (the store sends its NOTIFYs there).
         self.before_commit = before_commit
         self.max_units = max_units

@@ -29,7 +29,7 @@ BATCHES = Counter(
 )
 BATCH_RERUNS = Counter(
     "taskgate_group_commit_reruns_total",
-    "Batches run without savepoints (PostgreSQL) in which a unit failed, run again with each unit isolated",
+    "Batches run without savepoints in which a unit failed, run again with each unit isolated",
 )
 # Where the database thread's time goes, by kind of store unit (``group_commit``): its CPU, not
 # its wall time, so waiting for the GIL or the disk is not counted. What the thread spends
