@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prometheus_client import REGISTRY  # noqa: E402
 
+from bench.stats import store_counters  # noqa: E402
 from libs import log as tglog  # noqa: E402
 from libs.db import Database  # noqa: E402
 from services.scheduler import domain  # noqa: E402
@@ -211,7 +212,7 @@ async def one_round(tmp: Path, n: int) -> dict[str, float]:
         dispatcher.wake.set()
 
     done = asyncio.Event()
-    units0 = unit_counters()
+    units0, _ = store_counters(REGISTRY.collect())
     cpu0, t0, tx0 = time.process_time(), time.perf_counter(), store.group.transactions
     follow = asyncio.create_task(follower(store, pub, 3 * n, done))
     await asyncio.gather(dispatcher.run(n), *(create(i) for i in range(n)))
@@ -227,24 +228,13 @@ async def one_round(tmp: Path, n: int) -> dict[str, float]:
         "follower_reads_per_task": reads / n,
     }
     # Each store call's units: µs of the database thread's CPU per unit (group_commit's counters).
-    for unit, (count, seconds) in sorted(unit_counters().items()):
+    for unit, (count, seconds) in sorted(store_counters(REGISTRY.collect())[0].items()):
         count -= units0.get(unit, (0.0, 0.0))[0]
         seconds -= units0.get(unit, (0.0, 0.0))[1]
         if count:
             figures[f"us_per_{unit}"] = 1e6 * seconds / count
     db.close()
     return figures
-
-
-def unit_counters() -> dict[str, tuple[float, float]]:
-    """This process's store units so far, by store call: (units run, CPU seconds inside them)."""
-    found: dict[str, list[float]] = {}
-    for metric in REGISTRY.collect():
-        for sample in metric.samples:
-            which = {"taskgate_store_units_total": 0, "taskgate_store_unit_cpu_seconds_total": 1}.get(sample.name)
-            if which is not None:
-                found.setdefault(sample.labels["unit"], [0.0, 0.0])[which] = sample.value
-    return {unit: (n, seconds) for unit, (n, seconds) in found.items()}
 
 
 def log_line_cost(lines: int = 20_000) -> tuple[float, float]:

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lean_http import LeanClient  # noqa: E402
-from bench.stats import data_disk, pct  # noqa: E402
+from bench.stats import data_disk, pct, store_counters  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
@@ -282,39 +282,31 @@ def cpu_line(per_task: dict[str, float]) -> str:
     )
 
 
-GROUP_COMMITS = {
-    "taskgate_group_commit_batches_total": "(transactions)",
-    "taskgate_group_commit_reruns_total": "(reruns)",
-}
+async def store_counters_of(metrics_url: str) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """The scheduler's store units and group-commit counters so far (``stats.store_counters``)."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        page = (await http.get(metrics_url)).text
+    return store_counters(text_string_to_metric_families(page))
 
 
-def store_units(metrics_url: str) -> dict[str, tuple[float, float]]:
-    """The scheduler's store units so far, by store call: (units run, database-thread CPU s);
-    and its group commit's transactions and reruns as ``(transactions)``, ``(reruns)``: (count, 0)."""
-    found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text):
-        for sample in family.samples:
-            if sample.name in GROUP_COMMITS:
-                found[GROUP_COMMITS[sample.name]] = [sample.value, 0.0]
-            which = {"taskgate_store_units_total": 0, "taskgate_store_unit_cpu_seconds_total": 1}.get(sample.name)
-            if which is not None:
-                found.setdefault(sample.labels["unit"], [0.0, 0.0])[which] = sample.value
-    return {unit: (n, cpu) for unit, (n, cpu) in found.items()}
-
-
-def units_per_task(
-    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], n: int
+def store_per_task(
+    before: tuple[dict[str, tuple[float, float]], dict[str, float]],
+    after: tuple[dict[str, tuple[float, float]], dict[str, float]],
+    n: int,
 ) -> dict[str, float]:
     """``unit:<call>`` (units per task), ``unit:<call>:us`` (µs of CPU per unit) and
-    ``unit:<call>:ms`` (ms of CPU per task) for each store call the run made."""
+    ``unit:<call>:ms`` (ms of CPU per task) for each store call the run made; and the group
+    commit's ``transactions`` and ``reruns`` per task."""
     out: dict[str, float] = {}
-    for unit, (count, cpu) in after.items():
-        count -= before.get(unit, (0.0, 0.0))[0]
-        cpu -= before.get(unit, (0.0, 0.0))[1]
+    for unit, (count, cpu) in after[0].items():
+        count -= before[0].get(unit, (0.0, 0.0))[0]
+        cpu -= before[0].get(unit, (0.0, 0.0))[1]
         if count > 0:
             out[f"unit:{unit}"] = count / n
             out[f"unit:{unit}:us"] = 1e6 * cpu / count
             out[f"unit:{unit}:ms"] = 1e3 * cpu / n
+    for name, value in after[1].items():
+        out[name] = (value - before[1].get(name, 0.0)) / n
     return out
 
 
@@ -322,11 +314,7 @@ def units_line(per_task: dict[str, float]) -> str:
     """The database thread's CPU per task by store call, heaviest first, and what is left of
     the thread's time outside the units (transactions' begin, savepoints, commit; other work)."""
     units = sorted(
-        (
-            k.removeprefix("unit:").removesuffix(":ms")
-            for k in per_task
-            if k.startswith("unit:") and k.endswith(":ms") and not k.startswith("unit:(")
-        ),
+        (k.removeprefix("unit:").removesuffix(":ms") for k in per_task if k.startswith("unit:") and k.endswith(":ms")),
         key=lambda unit: -per_task[f"unit:{unit}:ms"],
     )
     inside = sum(per_task[f"unit:{u}:ms"] for u in units)
@@ -338,8 +326,8 @@ def units_line(per_task: dict[str, float]) -> str:
     outside = per_task.get("thread:db", 0.0) - inside
     return (
         f"db thread ms/task by store call: {', '.join(parts)}; outside the units {outside:.2f} "
-        f"({per_task.get('unit:(transactions)', 0.0):.3f} transactions per task, "
-        f"{per_task.get('unit:(reruns)', 0.0) * 1000:.1f} reruns per 1,000 tasks)"
+        f"({per_task.get('transactions', 0.0):.3f} transactions per task, "
+        f"{per_task.get('reruns', 0.0) * 1000:.1f} reruns per 1,000 tasks)"
     )
 
 
@@ -443,7 +431,7 @@ async def throughput_round(
             create = lean.request("POST", path, headers, json.dumps({"title": "b", "profile": "true"}).encode())
             poll = lean.request("GET", f"{path}?page_size=1", headers)
             meter = CpuMeter(pids)
-            units_before = store_units(stack.metrics_url("scheduler"))
+            store_before = await store_counters_of(stack.metrics_url("scheduler"))
             meter.start()
             began = time.perf_counter()
             await lean.repeat(create, n, expect=201)
@@ -461,7 +449,7 @@ async def throughput_round(
                 await asyncio.sleep(0.02)
             total_s = time.perf_counter() - began
             meter.stop()
-            units = units_per_task(units_before, store_units(stack.metrics_url("scheduler")), n)
+            store = store_per_task(store_before, await store_counters_of(stack.metrics_url("scheduler")), n)
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
             base = f"{stack.http_url}{path.removesuffix('/tasks')}"
             r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
@@ -472,7 +460,7 @@ async def throughput_round(
             spy.send_signal(signal.SIGINT)
             await spy.wait()
         figures = {
-            **units,
+            **store,
             **meter.per_task_ms(n),
             "gateway_per_create": gateway_create_ms,
             "polls": float(polls),
@@ -535,11 +523,11 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
             {
                 f"scheduler_db_{k.removeprefix('unit:').removesuffix(':ms')}_cpu_ms_per_task": v
                 for k, v in cpu.items()
-                if k.startswith("unit:") and k.endswith(":ms") and not k.startswith("unit:(")
+                if k.startswith("unit:") and k.endswith(":ms")
             }
         )
-        extra["scheduler_transactions_per_task"] = cpu.get("unit:(transactions)", 0.0)
-        extra["scheduler_reruns_per_task"] = cpu.get("unit:(reruns)", 0.0)
+        extra["scheduler_transactions_per_task"] = cpu.get("transactions", 0.0)
+        extra["scheduler_reruns_per_task"] = cpu.get("reruns", 0.0)
         extra["gateway_cpu_ms_per_create_request"] = cpu["gateway_per_create"]
         extra["creates_share_of_run"] = cpu["creates_share"]
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 
 def pct(values: list[float], q: float) -> float:
@@ -45,3 +47,26 @@ def data_disk(path: Path) -> str:
             return said
         said += ", with a journal" if has_journal else ", without a journal (creates pay the recently-deleted scan)"
     return said
+
+
+# The scheduler's group-commit counters, by the name its figures use.
+GROUP_COMMIT_COUNTERS = {
+    "taskgate_group_commit_batches_total": "transactions",
+    "taskgate_group_commit_reruns_total": "reruns",
+}
+
+
+def store_counters(families: Iterable[Any]) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """From a scheduler's metric families (a ``/metrics`` page parsed, or an in-process
+    registry's ``collect()``): its store units by store call, (units run, database-thread CPU s);
+    and its group commit's ``transactions`` and ``reruns`` so far."""
+    units: dict[str, list[float]] = {}
+    group: dict[str, float] = {}
+    for family in families:
+        for sample in family.samples:
+            if sample.name in GROUP_COMMIT_COUNTERS:
+                group[GROUP_COMMIT_COUNTERS[sample.name]] = sample.value
+            which = {"taskgate_store_units_total": 0, "taskgate_store_unit_cpu_seconds_total": 1}.get(sample.name)
+            if which is not None:
+                units.setdefault(sample.labels["unit"], [0.0, 0.0])[which] = sample.value
+    return {unit: (count, cpu) for unit, (count, cpu) in units.items()}, group
