@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import os
 import queue
 import threading
@@ -21,12 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import structlog
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlmodel import Session
 
 from libs.thread_names import name_os_thread
 
 T = TypeVar("T")
+
+log = structlog.get_logger("db")
 
 
 # The few words of DDL that differ between the dialects, written {LIKE_THIS} in migrations.
@@ -134,7 +138,8 @@ def lock_key(session: Session, key: str) -> None:
         session.exec(text("SELECT pg_advisory_xact_lock(hashtext(:key))").bindparams(key=key))  # type: ignore[call-overload]
 
 
-_Work = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+# (work, its caller's future and loop); submitted work has neither.
+_Work = tuple[Callable[[], Any], "asyncio.Future[Any] | None", "asyncio.AbstractEventLoop | None"]
 
 
 class DatabaseThreads:
@@ -165,6 +170,18 @@ class DatabaseThreads:
         self._queue.put((fn, future, loop))
         return await future
 
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on a database thread with nobody waiting for it: ``fn`` hands its own
+        outcomes over (the group commit's drain). Callable from any thread; RuntimeError once
+        closed. An error escaping ``fn`` is logged."""
+        if len(self._threads) < self.workers:
+            self._start_thread()
+        self._queue.put((fn, None, None))
+
+    def others_waiting(self) -> bool:
+        """Whether work is queued for the database threads (a long job lets it go first)."""
+        return not self._queue.empty()
+
     def _start_thread(self) -> None:
         with self._lock:
             if self._closed:
@@ -183,8 +200,16 @@ class DatabaseThreads:
         name_os_thread(threading.current_thread().name)
         while (work := self._queue.get()) is not None:
             fn, future, loop = work
+            if future is None:  # submitted: nobody waits, ``fn`` hands its outcomes over itself
+                try:
+                    fn()
+                except BaseException:  # noqa: BLE001 - the thread keeps serving; said in the log
+                    log.exception("database_work_failed", work=getattr(fn, "__qualname__", repr(fn)))
+                del work, fn
+                continue
             if future.cancelled():  # the caller stopped waiting before it began
                 continue
+            assert loop is not None
             try:
                 outcome: tuple[Any, BaseException | None] = (fn(), None)
             except BaseException as exc:  # handed to the caller, as the executor did
@@ -237,7 +262,8 @@ class Database:
         self.migrations = migrations
         # SQLite has one writer at a time: one thread avoids lock waits inside
         # the process. PostgreSQL gets a few.
-        workers = 1 if is_sqlite(url) else 4
+        self._sqlite = is_sqlite(url)
+        workers = 1 if self._sqlite else 4
         self.threads = DatabaseThreads(workers)
         self._kept = threading.local()  # each database thread's connection (``run_connection``)
         self._all_kept: list[Connection] = []
@@ -268,25 +294,26 @@ class Database:
         before any work is lost on it.
         """
 
-        def pooled() -> T:
-            with self.engine.begin() as conn:
+        return await self.threads.run(functools.partial(self.transaction, fn))
+
+    def transaction(self, fn: Callable[[Connection], T]) -> T:
+        """(On a database thread.) ``fn`` in one transaction on a bare connection, committed
+        when it returns: what ``run_connection`` runs, for work already on a database thread."""
+        if not self._sqlite:
+            with self.engine.begin() as pooled:
+                return fn(pooled)
+        conn = getattr(self._kept, "conn", None)
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self._kept.conn = self.engine.connect()
+            self._all_kept.append(conn)
+        try:
+            with conn.begin():
                 return fn(conn)
-
-        def work() -> T:
-            conn = getattr(self._kept, "conn", None)
-            if conn is None or conn.closed or conn.invalidated:
-                conn = self._kept.conn = self.engine.connect()
-                self._all_kept.append(conn)
-            try:
-                with conn.begin():
-                    return fn(conn)
-            except BaseException:
-                self._kept.conn = None
-                self._all_kept.remove(conn)
-                conn.close()
-                raise
-
-        return await self.threads.run(work if is_sqlite(self.url) else pooled)
+        except BaseException:
+            self._kept.conn = None
+            self._all_kept.remove(conn)
+            conn.close()
+            raise
 
     def close(self) -> None:
         self.threads.close()

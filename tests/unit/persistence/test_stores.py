@@ -516,6 +516,83 @@ async def test_a_unit_that_fails_after_writing_rolls_back_alone_in_a_shared_tran
     assert titles == {t: ("t" if i == 3 else "renamed") for i, t in enumerate(ids)}
 
 
+async def test_the_next_batch_commits_while_the_event_loop_is_busy(scheduler_db: Database) -> None:
+    """Units queued while a batch commits go in the next transaction straight away, on the
+    database thread: the event loop does not have to take the first batch's outcomes and hand
+    the next batch over (under load that round trip stretched every cycle of the database).
+    The loop is blocked here until the second unit has run, so this fails if the loop is needed."""
+    import asyncio
+    import threading
+
+    from services.scheduler.group_commit import GroupCommit
+
+    group = GroupCommit(scheduler_db)
+    first_runs, go_on, second_ran = threading.Event(), threading.Event(), threading.Event()
+
+    def first(tx: object) -> str:
+        first_runs.set()
+        assert go_on.wait(10)
+        return "first"
+
+    def second(tx: object) -> str:
+        second_ran.set()
+        return "second"
+
+    one = asyncio.ensure_future(group.run(first))
+    assert await asyncio.to_thread(first_runs.wait, 10)
+    two = asyncio.ensure_future(group.run(second))
+    await asyncio.sleep(0)  # queued behind the batch on the database thread
+    go_on.set()
+    # The event loop is blocked from here on: nothing of it runs until the wait ends.
+    assert second_ran.wait(10), "the second batch waited for the event loop"
+    assert await one == "first" and await two == "second"
+    assert group.transactions == 2
+
+
+async def test_other_database_work_goes_between_the_group_commits_batches(scheduler_db: Database) -> None:
+    """A steady stream of units does not starve the other work of the database's threads
+    (log reads, lone transactions): what was queued meanwhile runs before the next batch."""
+    import asyncio
+    import threading
+
+    from services.scheduler.group_commit import GroupCommit
+
+    group = GroupCommit(scheduler_db)
+    order: list[str] = []
+    first_runs, go_on = threading.Event(), threading.Event()
+
+    def first(tx: object) -> None:
+        first_runs.set()
+        assert go_on.wait(10)
+        order.append("first batch")
+
+    one = asyncio.ensure_future(group.run(first))
+    assert await asyncio.to_thread(first_runs.wait, 10)
+    two = asyncio.ensure_future(group.run(lambda tx: order.append("next batch")))
+    await asyncio.sleep(0)
+    read = asyncio.ensure_future(scheduler_db.threads.run(lambda: order.append("a read")))
+    await asyncio.sleep(0)
+    go_on.set()
+    await asyncio.gather(one, two, read)
+    if scheduler_db.threads.workers == 1:  # SQLite: one thread, so the order is the rule's alone
+        assert order == ["first batch", "a read", "next batch"]
+    else:  # PostgreSQL: the read has threads of its own; the batches keep their order
+        assert sorted(order) == ["a read", "first batch", "next batch"]
+        assert order.index("first batch") < order.index("next batch")
+
+
+async def test_units_queued_when_the_database_is_closed_fail_instead_of_waiting(scheduler_db: Database) -> None:
+    import asyncio
+
+    from services.scheduler.group_commit import GroupCommit
+
+    group = GroupCommit(scheduler_db)
+    assert await group.run(lambda tx: "before") == "before"
+    scheduler_db.threads.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(group.run(lambda tx: "after"), 10)
+
+
 async def test_the_database_threads_cpu_is_counted_by_store_call(scheduler_db: Database) -> None:
     """Each unit a store call runs counts once under its call's name, with the database
     thread's CPU inside it; a refused change counts too (it ran)."""
