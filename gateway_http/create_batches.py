@@ -95,7 +95,8 @@ class CreateBatches:
             sender.add_done_callback(self._senders.discard)
         try:
             # shield: a caller that stops waiting cancels only its own answer, never the batch.
-            return await asyncio.wait_for(asyncio.shield(answer), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(answer)
         except TimeoutError:
             raise deadline_exceeded() from None
         finally:

@@ -52,7 +52,8 @@ class SharedTaskReads:
         read.waiting += 1
         try:
             # shield: a caller that stops waiting leaves the read to the others.
-            return await asyncio.wait_for(asyncio.shield(read.answer), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(read.answer)
         except TimeoutError:
             raise deadline_exceeded() from None
         except grpc.aio.AioRpcError as exc:

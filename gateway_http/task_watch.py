@@ -54,7 +54,8 @@ class TaskWatch:
         """The task's watch, live; ApiError (or the backend's error) when it may not or cannot be read."""
         call = stub.WatchTasks(pb.WatchTasksRequest(task_id=task_id), metadata=metadata)
         try:
-            first = await asyncio.wait_for(call.__aiter__().__anext__(), READY_TIMEOUT_S)
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                first = await call.__aiter__().__anext__()
         except TimeoutError:
             call.cancel()
             raise ApiError(504, "DEADLINE_EXCEEDED", "the task's stream did not start in time; try again") from None

@@ -241,7 +241,8 @@ async def run_cron(
     channel = backends.channels["scheduler"]
     try:
         # Nothing is sent before the link is up: a scheduler out of reach is a plain 503.
-        await asyncio.wait_for(channel.channel_ready(), timeout=backends.timeout_s)
+        async with asyncio.timeout(backends.timeout_s):
+            await channel.channel_ready()
     except TimeoutError:
         raise ApiError(503, "UNAVAILABLE", "the scheduler is unavailable; nothing was started") from None
     call = backends.crons.RunCron(
@@ -250,7 +251,8 @@ async def run_cron(
     started: pb.CronRun | None = None
     try:
         try:
-            first = await asyncio.wait_for(_next(call), timeout=backends.timeout_s)
+            async with asyncio.timeout(backends.timeout_s):
+                first = await _next(call)
         except TimeoutError:
             return _unknown(cronId, None, "the scheduler did not confirm the run in time")
         if first is None:

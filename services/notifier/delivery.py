@@ -95,7 +95,8 @@ class Deliverer:
                 # Due-but-busy ones are picked up when their conversation's task ends (it wakes us).
                 wait_s = 1.0 if next_due is None or next_due <= now else min(1.0, (next_due - now) / 1000)
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait_s, 0.005))
+                    async with asyncio.timeout(max(wait_s, 0.005)):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
         finally:

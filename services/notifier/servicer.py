@@ -368,7 +368,8 @@ class NotifierServicer(pb_grpc.NotifierServiceServicer):
                     yield convert.frame_to_pb(frame)
             while True:
                 try:
-                    frame = await asyncio.wait_for(sub.queue.get(), timeout=1.0)
+                    async with asyncio.timeout(1.0):
+                        frame = await sub.queue.get()
                 except TimeoutError:
                     if sub.overflowed:
                         raise errors.ResourceExhausted(

@@ -47,7 +47,8 @@ async def _git(*args: str, cwd: Path | None = None) -> tuple[int, str]:
             stderr=asyncio.subprocess.STDOUT,
         )
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
+            async with asyncio.timeout(GIT_TIMEOUT_S):
+                out, _ = await proc.communicate()
         except TimeoutError:
             proc.kill()
             await proc.wait()

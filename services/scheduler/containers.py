@@ -103,7 +103,8 @@ class ContainerEngine:
                 stderr=asyncio.subprocess.PIPE,
             )
             try:
-                out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    out, err = await proc.communicate()
             except TimeoutError:
                 proc.kill()
                 await proc.wait()

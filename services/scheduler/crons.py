@@ -191,7 +191,8 @@ class CronRunner:
                 return run
             # Ended here (event) or by another replica (the poll).
             try:
-                await asyncio.wait_for(ended.wait(), timeout=min(left, self.poll_s))
+                async with asyncio.timeout(min(left, self.poll_s)):
+                    await ended.wait()
             except TimeoutError:
                 pass
 
@@ -217,7 +218,8 @@ class CronRunner:
                     log.error("cron_pass_failed", error=repr(exc))
                     sleep_s = self.poll_s
                 try:
-                    await asyncio.wait_for(finished.queue.get(), timeout=sleep_s)
+                    async with asyncio.timeout(sleep_s):
+                        await finished.queue.get()
                 except TimeoutError:
                     pass
                 while not finished.queue.empty():

@@ -59,7 +59,8 @@ class LogFollower:
                     if len(ids) >= batch:
                         continue
                     try:
-                        await asyncio.wait_for(sub.queue.get(), timeout=0.5 if gaps else 5.0)
+                        async with asyncio.timeout(0.5 if gaps else 5.0):
+                            await sub.queue.get()
                     except TimeoutError:
                         pass
                     else:

@@ -351,7 +351,8 @@ async def launch(
             # rather than at the release with a broken pipe.
             status: object = "unknown"
             with contextlib.suppress(TimeoutError):  # dead already: its pidfd is readable at once
-                status = await asyncio.wait_for(process.wait(), 5)
+                async with asyncio.timeout(5):
+                    status = await process.wait()
             raise LaunchFailed(f"the held worker exited before its release (status {status})")
     except BaseException:
         launched.abandon()

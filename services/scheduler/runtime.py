@@ -32,7 +32,8 @@ async def woken(event: asyncio.Event, timeout_s: float) -> None:
     """Until ``event`` is set or ``timeout_s`` has passed, then clear it: the wait of the
     scheduler's loops that act on a wake-up and, failing one, on a timer."""
     try:
-        await asyncio.wait_for(event.wait(), timeout=timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
     except TimeoutError:
         pass
     event.clear()

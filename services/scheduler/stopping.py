@@ -115,7 +115,8 @@ class Stopper:
         status = await self.stop_tree(live.attempt)
         if live.process is not None and not live.exited.is_set():
             try:
-                await asyncio.wait_for(live.exited.wait(), timeout=1.0)
+                async with asyncio.timeout(1.0):
+                    await live.exited.wait()
             except TimeoutError:
                 pass
         attempt = live.attempt

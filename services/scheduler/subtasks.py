@@ -137,7 +137,8 @@ class SubTasks:
                 if left <= 0 or sub.overflowed:
                     return await self.rt.store.get_task(task_id)
                 try:
-                    task = (await asyncio.wait_for(sub.queue.get(), left)).task
+                    async with asyncio.timeout(left):
+                        task = (await sub.queue.get()).task
                 except TimeoutError:
                     return await self.rt.store.get_task(task_id)
             return task

@@ -67,7 +67,8 @@ class Watchers:
                 yield TaskEvent(0, "task.snapshot", now, task)
             while True:
                 try:
-                    event = await asyncio.wait_for(sub.queue.get(), timeout=1.0)
+                    async with asyncio.timeout(1.0):
+                        event = await sub.queue.get()
                 except TimeoutError:
                     if sub.overflowed:
                         raise errors.ResourceExhausted(

@@ -195,7 +195,8 @@ class Agent:
             delay = next_tick - time.monotonic()
             if delay > 0 and not self._prompt:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
             self._wake.clear()
             now = time.monotonic()
             if now >= next_tick:
