@@ -202,11 +202,7 @@ class GroupCommit:
                     batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
                 self._commit(batch)
                 if self.db.threads.others_waiting():
-                    with self._lock:
-                        if not self._queue:
-                            self._draining = False
-                            return
-                    self.db.threads.submit(self._drain)  # its turn again after theirs
+                    self.db.threads.submit(self._drain)  # its turn again after theirs (it stops if none is left)
                     return
         except BaseException as exc:
             self._fail_queued(exc)
