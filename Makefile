@@ -42,8 +42,11 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP) bytecode $(HOLD)
 	$(PY) scripts/devrun.py
 
+# Two worker processes, each test file on one of them (its module fixtures start once);
+# TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) bytecode $(HOLD)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Kills every service in turn, SIGTERMs the stack, fills the disk (SQLite and PostgreSQL);
 # prints its figures. Not part of `make test` (the `chaos` marker is deselected there).
