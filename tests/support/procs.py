@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -76,10 +78,43 @@ def as_nobody_command(script: Path) -> list[str] | None:
     return None
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+# Ports for services that bind them later come from below the kernel's ephemeral range. One
+# picked by binding port 0 and closing is an ephemeral port: any outgoing connection on the
+# host (a gRPC channel, the other test worker's) could take it before the service binds it
+# ("Failed to bind", about once in 30 benchmark runs). Each pytest-xdist worker draws from a
+# slice of its own, and a process does not hand out a port it handed out lately.
+_PORTS_BELOW_EPHEMERAL = 12_000
+_handed: collections.deque[int] = collections.deque(maxlen=512)
+_random = random.Random()  # not the global one: a test that seeds it must not repeat our picks
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port on 127.0.0.1 nobody listens on now, outside the ephemeral range."""
+    high = _ephemeral_low()
+    low = max(1024, high - _PORTS_BELOW_EPHEMERAL)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    span = (high - low) // workers
+    start = low + (int(worker) % workers if worker.isdigit() else 0) * span
+    for _ in range(1000):
+        port = _random.randrange(start, start + span)
+        if port in _handed:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # someone listens there (or holds it): another one
+                continue
+        _handed.append(port)
+        return port
+    raise RuntimeError(f"no free port in {start}..{start + span - 1}")
 
 
 def wait_grpc_serving(addr: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
