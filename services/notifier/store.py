@@ -17,6 +17,7 @@ from sqlalchemy import BigInteger, ColumnElement, Connection, bindparam, delete,
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration, lock_key
+from libs.direct import Direct, OnConnection
 from services.notifier import domain
 from services.notifier.domain import (
     Attempt,
@@ -412,11 +413,16 @@ _NOTIFICATIONS, _MESSAGES, _ACTIVITY = _T["notifications"], _T["messages"], _T["
 _QUESTIONS, _CLAIMED = _T["question_reminders"], _T["claimed_failures"]
 
 # The event-log path's statements, built once: building them per event cost as much as running them.
-_ADVANCE_CURSOR = text(
-    # SQLite and PostgreSQL alike; an older sequence re-read never moves the cursor back.
-    "INSERT INTO follow_cursors (name, sequence) VALUES (:name, :sequence)"
-    " ON CONFLICT (name) DO UPDATE SET sequence = excluded.sequence"
-    " WHERE follow_cursors.sequence < excluded.sequence"
+# The statements of every batch run on the driver's cursor (libs.direct): SQLAlchemy's
+# execution path cost more than SQLite's work for these small writes. The rare ones (a
+# question asked, a replay) stay SQLAlchemy statements.
+_ADVANCE_CURSOR = Direct(
+    text(
+        # SQLite and PostgreSQL alike; an older sequence re-read never moves the cursor back.
+        "INSERT INTO follow_cursors (name, sequence) VALUES (:name, :sequence)"
+        " ON CONFLICT (name) DO UPDATE SET sequence = excluded.sequence"
+        " WHERE follow_cursors.sequence < excluded.sequence"
+    )
 )
 _OPEN_QUESTIONS_OF_TASK = (
     select(_QUESTIONS.c.question_id)
@@ -430,23 +436,30 @@ _REPLACE_QUESTIONS = (
     .values(state=QuestionState.REPLACED.value)
 )
 _INSERT_QUESTION = insert(_QUESTIONS)
-_SETTLE_QUESTIONS_OF_TASK = (
+_SETTLE_QUESTIONS_OF_TASK = Direct(
     update(_QUESTIONS)
     .where(_QUESTIONS.c.task_id == bindparam("of_task"), _QUESTIONS.c.state == QuestionState.OPEN.value)
     .values(state=bindparam("fate"))
 )
-_FAILURE_CLAIMED = select(_CLAIMED.c.sequence).where(_CLAIMED.c.sequence == bindparam("sequence"))
+_FAILURE_CLAIMED = Direct(
+    select(_CLAIMED.c.sequence).where(_CLAIMED.c.sequence == bindparam("sequence")), returns=["sequence"]
+)
 _NOTIFICATIONS_WITH_KEYS = select(
     _NOTIFICATIONS.c.notification_id, _NOTIFICATIONS.c.agent_id, _NOTIFICATIONS.c.session_id
 ).where(_NOTIFICATIONS.c.request_id.in_(bindparam("keys", expanding=True)))
-_INSERT_NOTIFICATIONS = insert(_NOTIFICATIONS)
-_INSERT_MESSAGES = insert(_MESSAGES)
-_INSERT_FRAMES = insert(_ACTIVITY).returning(_ACTIVITY.c.seq, sort_by_parameter_order=True)
+_INSERT_NOTIFICATIONS = Direct(insert(_NOTIFICATIONS), keys=[c.name for c in _NOTIFICATIONS.c])
+_INSERT_MESSAGES = Direct(insert(_MESSAGES), keys=[c.name for c in _MESSAGES.c])
+# One frame at a time: its sequence comes back, and a driver's executemany returns no rows.
+_INSERT_FRAME = Direct(
+    insert(_ACTIVITY).returning(_ACTIVITY.c.seq), keys=["agent_id", "session_id", "at", "frame"], returns=["seq"]
+)
 # Keep the newest `keep` frames of the conversation (the Last-Event-ID resume window).
-_TRIM_ACTIVITY = text(
-    "DELETE FROM activity WHERE agent_id = :agent_id AND session_id = :session_id AND seq <= ("
-    "SELECT seq FROM activity WHERE agent_id = :agent_id AND session_id = :session_id"
-    " ORDER BY seq DESC LIMIT 1 OFFSET :keep)"
+_TRIM_ACTIVITY = Direct(
+    text(
+        "DELETE FROM activity WHERE agent_id = :agent_id AND session_id = :session_id AND seq <= ("
+        "SELECT seq FROM activity WHERE agent_id = :agent_id AND session_id = :session_id"
+        " ORDER BY seq DESC LIMIT 1 OFFSET :keep)"
+    )
 )
 
 
@@ -460,7 +473,7 @@ def _advisory_locks(conn: Connection, keys: set[str]) -> None:
 
 
 class LogBatch:
-    """One transaction's worth of event-log events, written with SQLAlchemy Core.
+    """One transaction's worth of event-log events, on a bare connection (no ORM session).
 
     The follower's hot path: a few prebuilt statements per batch rather than an ORM
     unit of work per event. State changes settle their task's open questions with one
@@ -470,16 +483,16 @@ class LogBatch:
     trimmed once.
     """
 
-    def __init__(self, s: Session, keep_frames: int) -> None:
-        self.s = s
-        self.conn = s.connection()
+    def __init__(self, conn: Connection, keep_frames: int) -> None:
+        self.conn = conn
+        self.tx = OnConnection(conn)
         self.keep_frames = keep_frames
         self.settle: list[dict[str, str]] = []  # state changes' question updates not yet run, in order
 
     def apply(self, cursor_name: str, events: Sequence[LogEvent]) -> list[tuple[Notification | None, Frame | None]]:
         if not events:
             return []
-        self.conn.execute(_ADVANCE_CURSOR, {"name": cursor_name, "sequence": max(e.sequence for e in events)})
+        _ADVANCE_CURSOR.execute(self.tx, {"name": cursor_name, "sequence": max(e.sequence for e in events)})
         notes: list[Notification | None] = []
         for e in events:
             note = e.notification
@@ -498,7 +511,7 @@ class LogBatch:
     def _settle_questions(self) -> None:
         """Answer or close the open questions of the state changes so far (most tasks have none)."""
         if self.settle:
-            self.conn.execute(_SETTLE_QUESTIONS_OF_TASK, self.settle)
+            _SETTLE_QUESTIONS_OF_TASK.executemany(self.tx, self.settle)
             self.settle = []
 
     def _track_question(self, q: QuestionFact, n: Notification | None) -> Notification | None:
@@ -531,7 +544,7 @@ class LogBatch:
         return n
 
     def _failure_claimed(self, sequence: int) -> bool:
-        return self.conn.execute(_FAILURE_CLAIMED, {"sequence": sequence}).first() is not None
+        return bool(_FAILURE_CLAIMED.rows(self.tx, {"sequence": sequence}))
 
     def _existing(self, notes: list[Notification | None]) -> dict[tuple[str, str, str], Notification]:
         """The stored notifications with the batch's keys (replays), locked per key on PostgreSQL."""
@@ -551,8 +564,9 @@ class LogBatch:
         ]
         if not found:
             return {}
-        rows = self.s.exec(select(NotificationRow).where(col(NotificationRow.notification_id).in_(found))).all()
-        attempts = _attempts(self.s, [r.notification_id for r in rows])
+        with Session(bind=self.conn) as s:  # replays only: the rows as the ORM reads them elsewhere
+            rows = s.exec(select(NotificationRow).where(col(NotificationRow.notification_id).in_(found))).all()
+            attempts = _attempts(s, [r.notification_id for r in rows])
         return {
             (r.agent_id, r.session_id, r.request_id or ""): _notification(r, attempts[r.notification_id])
             for r in rows
@@ -586,8 +600,8 @@ class LogBatch:
             results.append((note, None))
         if not made:
             return results
-        self.conn.execute(_INSERT_NOTIFICATIONS, [_notification_values(n) for _, n, _ in made])
-        self.conn.execute(_INSERT_MESSAGES, [_message_values(n, mid) for _, n, mid in made])
+        _INSERT_NOTIFICATIONS.executemany(self.tx, [_notification_values(n) for _, n, _ in made])
+        _INSERT_MESSAGES.executemany(self.tx, [_message_values(n, mid) for _, n, mid in made])
         frames = self._add_frames([n for _, n, _ in made])
         for (index, n, _), frame in zip(made, frames, strict=True):
             results[index] = (n, frame)
@@ -604,11 +618,9 @@ class LogBatch:
             {"agent_id": f.agent_id, "session_id": f.session_id, "at": n.created_at, "frame": f.to_json()}
             for f, n in zip(frames, notes, strict=True)
         ]
-        seqs = self.conn.execute(_INSERT_FRAMES, rows).scalars().all()
+        seqs = [_INSERT_FRAME.rows(self.tx, row)[0].seq for row in rows]
         for agent_id, session_id in conversations:
-            self.conn.execute(
-                _TRIM_ACTIVITY, {"agent_id": agent_id, "session_id": session_id, "keep": self.keep_frames}
-            )
+            _TRIM_ACTIVITY.execute(self.tx, {"agent_id": agent_id, "session_id": session_id, "keep": self.keep_frames})
         return [
             Frame(seq, f.agent_id, f.session_id, notification=f.notification)
             for f, seq in zip(frames, seqs, strict=True)
@@ -738,7 +750,9 @@ class NotifierStore:
         Returns, per event, its notification (the existing one on a replay) and its new
         frame (None on a replay), in the events' order.
         """
-        return await self.db.run(lambda s: LogBatch(s, self.retention_frames).apply(cursor_name, events))
+        return await self.db.run_connection(
+            lambda conn: LogBatch(conn, self.retention_frames).apply(cursor_name, events)
+        )
 
     # --- questions and reminders -------------------------------------------------
 

@@ -31,12 +31,10 @@ import asyncio
 import functools
 import threading
 import time
-from collections import namedtuple
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
-from sqlalchemy.sql import ClauseElement
 
 from libs.db import Database
 from libs.metrics import Children
@@ -64,44 +62,6 @@ class Tx:
 
     def connection(self) -> Connection:
         return self.conn
-
-
-class Direct:
-    """A hot statement compiled once per dialect by SQLAlchemy and run on the driver's cursor.
-
-    SQLAlchemy's execution path (context, cache lookup, result object) costs tens of µs a
-    statement — more than SQLite's own work for a primary-key lookup — and a task's life runs
-    a dozen such statements. ``keys``: the parameters (an insert's columns) it is run with.
-    """
-
-    def __init__(self, stmt: ClauseElement, keys: Sequence[str] = (), returns: Sequence[str] = ()) -> None:
-        self.stmt = stmt
-        self.keys = list(keys)
-        self.row: Any = namedtuple("Row", returns) if returns else None  # type: ignore[misc]
-        self._compiled: dict[str, tuple[str, list[str] | None, dict[str, Any]]] = {}
-
-    def _for(self, conn: Connection) -> tuple[str, list[str] | None, dict[str, Any]]:
-        found = self._compiled.get(conn.dialect.name)
-        if found is None:
-            compiled = self.stmt.compile(dialect=conn.dialect, column_keys=self.keys or None)
-            positional = getattr(compiled, "positional", False)  # qmark (SQLite) vs named (psycopg)
-            order = list(getattr(compiled, "positiontup", None) or []) if positional else None
-            # Values the dialect bound itself (SQLite's LIMIT ? comes with an OFFSET ? of 0).
-            fixed = {k: v for k, v in compiled.params.items() if v is not None}
-            found = self._compiled[conn.dialect.name] = (compiled.string, order, fixed)
-        return found
-
-    def execute(self, tx: Tx, params: dict[str, Any]) -> Any:
-        """The driver's cursor after running the statement with ``params``."""
-        sql, order, fixed = self._for(tx.conn)
-        if fixed:
-            params = {**fixed, **params}
-        return tx.driver.execute(sql, tuple(params[k] for k in order) if order is not None else params)
-
-    def rows(self, tx: Tx, params: dict[str, Any]) -> list[Any]:
-        assert self.row is not None
-        make = self.row._make
-        return [make(r) for r in self.execute(tx, params).fetchall()]
 
 
 Unit = Callable[[Tx], Any]

@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, SQLModel
 
 from libs.db import Database, Migration
+from libs.direct import Direct
 from services.scheduler.domain import (
     ACTIVE,
     RESOLVED_BY_HOST_GONE,
@@ -41,7 +42,7 @@ from services.scheduler.domain import (
     resolve_host_gone,
     stop_elsewhere,
 )
-from services.scheduler.group_commit import Direct, GroupCommit, Tx
+from services.scheduler.group_commit import GroupCommit, Tx
 
 MIGRATIONS = [
     Migration(

@@ -1,0 +1,79 @@
+"""Hot statements compiled once by SQLAlchemy and run on the driver's own cursor.
+
+SQLAlchemy's execution path (context, cache lookup, parameter processing, result object)
+costs tens of µs a statement — more than SQLite's own work for a primary-key lookup or a
+small insert. The scheduler's lifecycle and the notifier's event-log batches run a dozen
+such statements per task; they compile each once per dialect here and hand the SQL and
+the parameters straight to the DBAPI connection (sqlite3 or psycopg).
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import Connection
+from sqlalchemy.sql import ClauseElement
+
+
+class DriverTx(Protocol):
+    """What a statement runs in: SQLAlchemy's connection (for its dialect) and the driver's."""
+
+    conn: Connection
+    driver: Any
+
+
+class OnConnection:
+    """A bare transaction's connection with its driver connection looked up once."""
+
+    __slots__ = ("conn", "driver")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.driver: Any = conn.connection.driver_connection
+
+
+class Direct:
+    """A statement compiled once per dialect by SQLAlchemy and run on the driver's cursor.
+
+    ``keys``: the parameters (an insert's columns) it is run with; ``returns``: the names of
+    the columns ``rows`` gives back.
+    """
+
+    def __init__(self, stmt: ClauseElement, keys: Sequence[str] = (), returns: Sequence[str] = ()) -> None:
+        self.stmt = stmt
+        self.keys = list(keys)
+        self.row: Any = namedtuple("Row", returns) if returns else None  # type: ignore[misc]
+        self._compiled: dict[str, tuple[str, list[str] | None, dict[str, Any]]] = {}
+
+    def _for(self, conn: Connection) -> tuple[str, list[str] | None, dict[str, Any]]:
+        found = self._compiled.get(conn.dialect.name)
+        if found is None:
+            compiled = self.stmt.compile(dialect=conn.dialect, column_keys=self.keys or None)
+            positional = getattr(compiled, "positional", False)  # qmark (SQLite) vs named (psycopg)
+            order = list(getattr(compiled, "positiontup", None) or []) if positional else None
+            # Values the dialect bound itself (SQLite's LIMIT ? comes with an OFFSET ? of 0).
+            fixed = {k: v for k, v in compiled.params.items() if v is not None}
+            found = self._compiled[conn.dialect.name] = (compiled.string, order, fixed)
+        return found
+
+    def execute(self, tx: DriverTx, params: dict[str, Any]) -> Any:
+        """The driver's cursor after running the statement with ``params``."""
+        sql, order, fixed = self._for(tx.conn)
+        if fixed:
+            params = {**fixed, **params}
+        return tx.driver.execute(sql, tuple(params[k] for k in order) if order is not None else params)
+
+    def executemany(self, tx: DriverTx, many: Iterable[dict[str, Any]]) -> None:
+        """The statement once per parameter set, in one driver call (no rows come back)."""
+        sql, order, fixed = self._for(tx.conn)
+        if fixed:
+            many = ({**fixed, **params} for params in many)
+        rows: Iterable[Any] = many if order is None else [tuple(params[k] for k in order) for params in many]
+        tx.driver.cursor().executemany(sql, rows)
+
+    def rows(self, tx: DriverTx, params: dict[str, Any]) -> list[Any]:
+        assert self.row is not None
+        make = self.row._make
+        return [make(r) for r in self.execute(tx, params).fetchall()]
