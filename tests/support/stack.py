@@ -189,16 +189,23 @@ class Stack:
         return ServiceProcess("services.scheduler", env, logs / f"{name}.log", env["TASKGATE_SCHEDULER_ADDR"])
 
     def start(self) -> Stack:
+        """Start every service and wait until the stack is healthy. A start that fails stops
+        what it started: a caller (a benchmark) that only stops a stack it got back would
+        otherwise leave the services that did come up running."""
         logs = self.log_dir or self.data_dir / "logs"
-        for name, module, env_name in SERVICES:
-            self.procs[name] = ServiceProcess(module, self.env, logs / f"{name}.log", self.env[env_name]).start(
-                wait=False
-            )
-        for name in self.replicas:
-            self.procs[name] = self.replica_process(name).start(wait=False)
-        self.procs["gateway"] = ServiceProcess("gateway_http", self.env, logs / "gateway.log")
-        self.procs["gateway"].start(wait=False)
-        self.wait_healthy()
+        try:
+            for name, module, env_name in SERVICES:
+                self.procs[name] = ServiceProcess(module, self.env, logs / f"{name}.log", self.env[env_name]).start(
+                    wait=False
+                )
+            for name in self.replicas:
+                self.procs[name] = self.replica_process(name).start(wait=False)
+            self.procs["gateway"] = ServiceProcess("gateway_http", self.env, logs / "gateway.log")
+            self.procs["gateway"].start(wait=False)
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_healthy(self, timeout_s: float = 60.0) -> None:
