@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
 
@@ -34,11 +35,21 @@ class OnConnection:
         self.driver: Any = conn.connection.driver_connection
 
 
+def _translated(conn: Connection, sql: str, params: Any, exc: Exception) -> Exception:
+    """The driver's error as SQLAlchemy would have raised it (``IntegrityError`` for a unique
+    violation, …), so callers catch one family whichever path ran the statement; the driver's
+    own error stays its ``orig`` and its cause."""
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    if not isinstance(exc, dbapi_error):
+        return exc
+    return DBAPIError.instance(sql, params, exc, dbapi_error, dialect=conn.dialect)
+
+
 class Direct:
     """A statement compiled once per dialect by SQLAlchemy and run on the driver's cursor.
 
     ``keys``: the parameters (an insert's columns) it is run with; ``returns``: the names of
-    the columns ``rows`` gives back.
+    the columns ``rows`` gives back. A driver error is raised as SQLAlchemy's (``_translated``).
     """
 
     def __init__(self, stmt: ClauseElement, keys: Sequence[str] = (), returns: Sequence[str] = ()) -> None:
@@ -63,7 +74,14 @@ class Direct:
         sql, order, fixed = self._for(tx.conn)
         if fixed:
             params = {**fixed, **params}
-        return tx.driver.execute(sql, tuple(params[k] for k in order) if order is not None else params)
+        bound = tuple(params[k] for k in order) if order is not None else params
+        try:
+            return tx.driver.execute(sql, bound)
+        except Exception as exc:
+            error = _translated(tx.conn, sql, bound, exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     def executemany(self, tx: DriverTx, many: Iterable[dict[str, Any]]) -> None:
         """The statement once per parameter set, in one driver call (no rows come back)."""
@@ -71,7 +89,13 @@ class Direct:
         if fixed:
             many = ({**fixed, **params} for params in many)
         rows: Iterable[Any] = many if order is None else [tuple(params[k] for k in order) for params in many]
-        tx.driver.cursor().executemany(sql, rows)
+        try:
+            tx.driver.cursor().executemany(sql, rows)
+        except Exception as exc:
+            error = _translated(tx.conn, sql, None, exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     def rows(self, tx: DriverTx, params: dict[str, Any]) -> list[Any]:
         assert self.row is not None

@@ -307,6 +307,49 @@ async def test_concurrent_creates_with_one_request_id_make_one_task(scheduler_db
     assert sum(1 for _, event in results if event is not None) == 1
 
 
+async def test_a_create_that_loses_the_request_id_race_returns_the_winners_task(
+    db_url: str, scheduler_db: Database
+) -> None:
+    """Another replica's create with the same request id is in flight (inserted, not committed):
+    on PostgreSQL this create's insert waits on the unique index and then fails; it must return
+    the winner's task, not the driver's unique-violation error."""
+    import asyncio
+
+    from sqlalchemy import text
+
+    from services.scheduler.group_commit import Tx
+    from services.scheduler.store import _write_task
+
+    store = SchedulerStore(scheduler_db)
+    other = Database(db_url, SCHEDULER_MIGRATIONS)
+    try:
+        with other.engine.connect() as conn:
+            held = conn.begin()
+            _write_task(Tx(conn), make_task("a" * 32, request_id="raced"), new=True)
+            create = asyncio.create_task(store.create_task(make_task("b" * 32, request_id="raced")))
+            if other.engine.dialect.name == "postgresql":
+                # Until this create's insert waits on the winner's index entry (SQLite's writers
+                # wait for the lock before they read, so there it sees the winner's row instead).
+                with other.engine.connect() as probe:
+                    for _ in range(200):
+                        waiting = probe.execute(
+                            text(
+                                "SELECT count(*) FROM pg_stat_activity"
+                                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                            )
+                        ).scalar_one()
+                        if waiting:
+                            break
+                        await asyncio.sleep(0.05)
+                    assert waiting, "the create never reached the unique index"
+            held.commit()
+        async with asyncio.timeout(30):
+            task, event = await create
+        assert task.task_id == "a" * 32 and event is None
+    finally:
+        other.close()
+
+
 async def test_a_group_commit_keeps_each_change_whole_and_a_refused_one_out(scheduler_db: Database) -> None:
     import asyncio
 
