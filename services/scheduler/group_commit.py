@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from libs.db import Database
+from libs.direct import OnConnection
 from libs.metrics import Children
 from services.scheduler.metrics import (
     BATCH_RERUNS,
@@ -48,17 +49,16 @@ from services.scheduler.metrics import (
 T = TypeVar("T")
 
 
-class Tx:
-    """One transaction as a unit of work sees it."""
+class Tx(OnConnection):
+    """One transaction as a unit of work sees it: its connection, the driver's (looked up once:
+    SQLAlchemy's pool proxies cost a few µs a statement), and what its units leave for
+    ``before_commit``."""
 
-    __slots__ = ("conn", "driver", "info")
+    __slots__ = ("info",)
 
     def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        # The driver's connection, looked up once: SQLAlchemy's pool proxies cost a few µs a
-        # statement, and a task's life runs a dozen.
-        self.driver: Any = conn.connection.driver_connection
-        self.info: dict[str, Any] = {}  # what the transaction's units leave for ``before_commit``
+        super().__init__(conn)
+        self.info: dict[str, Any] = {}
 
     def connection(self) -> Connection:
         return self.conn
