@@ -870,6 +870,16 @@ def mark_host_lost(task: Task, host_id: str, now: int) -> bool:
     return True
 
 
+def host_lost_here(task: Task, host_id: str) -> bool:
+    """Swept HOST_LOST while it was this host's: only this host may settle it (reconciliation)."""
+    return (
+        task.state == State.NEEDS_RECONCILIATION
+        and task.owner_host == host_id
+        and task.failure is not None
+        and task.failure.code == FailureCode.HOST_LOST
+    )
+
+
 def host_lost_outcome(task: Task, attempt: Attempt | None) -> PendingOutcome:
     """Where a HOST_LOST task goes once its own host proved the worker gone: the worker's
     recorded exit when it ended by itself (and no stop was asked for), else what was kept."""

@@ -137,17 +137,35 @@ class HostLease:
         log.info("scheduler_host_registered", host_id=rt.host_id, multi_host=rt.multi_host)
 
     async def loop(self) -> None:
+        """Renew on its own tick, apart from the sweep and the reconciliation: those take a
+        transaction per task (and a stop may take its grace), so sharing the tick let a sweep
+        of a lost host's many tasks delay this host's own renewal past its lease and grace —
+        and another replica then swept this live host's tasks as HOST_LOST."""
+        if self.rt.multi_host:
+            await asyncio.gather(self._renew_loop(), self._sweep_loop())
+        else:
+            await self._renew_loop()
+
+    async def _renew_loop(self) -> None:
         rt = self.rt
         period = rt.tasks_cfg.lease_ms / 3000
         while not rt.closing:
             try:
                 await self.renew_once()
-                if rt.multi_host:
-                    await self.sweep_once()
-                    if self.reconcile is not None:
-                        await self.reconcile()
             except Exception:
-                log.exception("lease_tick_failed")
+                log.exception("lease_renewal_failed")
+            await asyncio.sleep(period)
+
+    async def _sweep_loop(self) -> None:
+        rt = self.rt
+        period = rt.tasks_cfg.lease_ms / 3000
+        while not rt.closing:
+            try:
+                await self.sweep_once()
+                if self.reconcile is not None:
+                    await self.reconcile()
+            except Exception:
+                log.exception("lost_host_sweep_failed")
             await asyncio.sleep(period)
 
     async def renew_once(self) -> None:

@@ -250,6 +250,11 @@ class Launcher:
                 def to_running(t: Task) -> Task | None:
                     if t.state == State.CANCEL_REQUESTED:
                         return None  # another host's cancel arrived during the launch
+                    if domain.host_lost_here(t, rt.host_id):
+                        # This host's lease lapsed during the launch and another replica swept the
+                        # task. The worker is ours and released: it runs on, and once it exits
+                        # this host's reconciliation settles the task by its recorded exit.
+                        return None
                     return domain.start_running(t, started_at, now, attempt.harness, attempt.harness_model)
 
                 task, stored = await rt.store.update_task(
@@ -267,6 +272,8 @@ class Launcher:
                 rt.spawn(self.stopper.stop_and_settle(live, domain.requested_stop(task), "stopped on request"))
                 return True
             rt.published(stored, task)
+            if domain.host_lost_here(task, rt.host_id):
+                log.warning("launched_while_host_lost", task_id=task_id, attempt=attempt.number, pid=launched.pid)
             log.info("worker_started", task_id=task_id, attempt=attempt.number, pid=launched.pid)
             rt.spawn(self.wait_exit(task_id, live), f"wait-{task_id}")
             return True

@@ -149,7 +149,7 @@ class Recovery:
             return 0
         done = 0
         for task in await rt.store.tasks_in_states([State.NEEDS_RECONCILIATION], owner=rt.host_id):
-            if task.failure is None or task.failure.code != domain.FailureCode.HOST_LOST or task.task_id in rt.live:
+            if not domain.host_lost_here(task, rt.host_id) or task.task_id in rt.live:
                 continue
             async with rt.locks[task.task_id]:
                 task, attempts = await rt.store.task_with_attempts(task.task_id)

@@ -92,8 +92,24 @@ def wait_until(what: str, check: Any, stack: Stack, timeout_s: float) -> None:
     while not check():
         if time.monotonic() > deadline:
             print(stack.logs())
-            raise AssertionError(f"timed out waiting for {what}: {states(stack)}")
+            raise AssertionError(f"timed out waiting for {what}: {states(stack)}; unfinished: {unfinished(stack)}")
         time.sleep(0.2)
+
+
+def unfinished(stack: Stack, limit: int = 10) -> list[dict[str, Any]]:
+    """The first tasks not completed, with their owner, failure and attempts: what a timeout
+    must show, since the throwaway database is gone once the test ends."""
+    with db(stack) as conn:
+        rows = conn.execute(
+            "SELECT task_id, state, owner_host, doc FROM tasks WHERE state <> 'completed' ORDER BY task_id LIMIT %s",
+            (limit,),
+        ).fetchall()
+        found = []
+        for task_id, state, owner, doc in rows:
+            runs = [json.loads(r[0]) for r in conn.execute("SELECT doc FROM attempts WHERE task_id = %s", (task_id,))]
+            failure = json.loads(doc).get("failure")
+            found.append({"task_id": task_id, "state": state, "owner": owner, "failure": failure, "attempts": runs})
+    return found
 
 
 def attempts_by_task(stack: Stack) -> dict[str, list[dict[str, Any]]]:

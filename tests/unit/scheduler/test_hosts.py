@@ -4,10 +4,13 @@ sweeps and cross-host stop requests on real SQLite and PostgreSQL (issue 11 item
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -18,10 +21,11 @@ from libs.grpc_client import ClientSecurity, aio_channel, error_info
 from libs.grpc_server import ServerSecurity, start_server
 from libs.ids import time_ordered_id
 from libs.internal_auth import CallerAuth
+from libs.settings import WorkerProfile
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, Cancellation, FailureCode, PendingOutcome, State, Task
 from services.scheduler.engine import Engine
-from services.scheduler.hosts import default_host_id
+from services.scheduler.hosts import HostLease, default_host_id
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, NotOwner, SchedulerStore, SecondReplica
 from services.scheduler.worker_api import WorkerSockets, start_worker_server
@@ -351,13 +355,13 @@ async def launched(store: SchedulerStore, task: Task, host: str) -> None:
     )
 
 
-@pytest.fixture
-async def survivor(tmp_path: Path, pg_db: Database) -> AsyncIterator[Harness]:
-    """A live replica ("survivor") on the PostgreSQL database, serving SchedulerService in-process."""
-    settings = make_settings(tmp_path, f"127.0.0.1:{free_port()}")
+async def start_replica(tmp_path: Path, pg_db: Database, host_id: str) -> Harness:
+    """A live replica on the PostgreSQL database, serving SchedulerService in-process (its
+    loops not started: the test drives them)."""
+    settings = make_settings(tmp_path, f"127.0.0.1:{free_port()}", {"quick": WorkerProfile(command=["true"])})
     clock = FakeClock()
     clock.now = NOW
-    engine = Engine(settings, SchedulerStore(pg_db, "survivor"), clock=clock)
+    engine = Engine(settings, SchedulerStore(pg_db, host_id), clock=clock)
     sockets = WorkerSockets("", engine.worker_uids())
     engine.worker_addr = sockets.addr_for
 
@@ -369,7 +373,12 @@ async def survivor(tmp_path: Path, pg_db: Database) -> AsyncIterator[Harness]:
         lambda server: scheduler_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(engine), server), sockets
     )
     await engine.start(run_loops=False)
-    h = Harness(engine, clock, host, pg_db, worker_server, sockets)
+    return Harness(engine, clock, host, pg_db, worker_server, sockets)
+
+
+@pytest.fixture
+async def survivor(tmp_path: Path, pg_db: Database) -> AsyncIterator[Harness]:
+    h = await start_replica(tmp_path, pg_db, "survivor")
     yield h
     await h.close(db=False)
 
@@ -491,3 +500,98 @@ async def test_resolving_is_refused_for_a_live_host_this_replica_and_an_unknown_
             assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
         await listener.close()
+
+
+@pytest.mark.postgres
+async def test_a_launch_swept_host_lost_before_it_ran_keeps_its_worker_and_ends_by_its_exit(
+    pg_db: Database, survivor: Harness
+) -> None:
+    """This host's lease lapsed while it launched a task (a stall), and another replica swept the
+    task HOST_LOST between the worker's release and `running`. The worker is this host's and
+    already runs: the launch goes on, and the task ends by the worker's exit, once — before, the
+    refused `running` failed it WORKER_LAUNCH_FAILED although its worker had run."""
+    engine, store = survivor.engine, survivor.engine.store
+    other = SchedulerStore(pg_db, "other")
+    task = await survivor.create("quick")
+    real_update = store.update_task
+
+    async def swept_first(task_id: str, change: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(change, "__name__", "") == "to_running":  # the launch's step after the release
+            swept, event = await other.sweep_lost(task_id, "survivor", NOW, NOW + 10**9)
+            assert event is not None and swept.state == State.NEEDS_RECONCILIATION
+        return await real_update(task_id, change, *args, **kwargs)
+
+    store.update_task = swept_first  # type: ignore[method-assign]
+    try:
+        assert await engine.dispatch_once() == 1
+    finally:
+        store.update_task = real_update  # type: ignore[method-assign]
+    (attempt,) = await store.attempts_of(task.task_id)
+    assert attempt.pid is not None and attempt.host_id == "survivor"
+    deadline = time.monotonic() + 15
+    while task.task_id in engine.runtime.live:  # the worker's exit is recorded on its attempt
+        assert time.monotonic() < deadline, "the worker did not exit"
+        await asyncio.sleep(0.02)
+    held = await store.get_task(task.task_id)
+    assert held.state == State.NEEDS_RECONCILIATION, "only its own host settles a HOST_LOST task"
+    assert await engine.recovery.reconcile_host_lost() == 1
+    done = await store.get_task(task.task_id)
+    assert done.state == State.COMPLETED, done
+    (attempt,) = await store.attempts_of(task.task_id)
+    assert attempt.state == "ended" and attempt.outcome == "exited" and attempt.exit_code == 0
+    _, events = await store.events_after(0, (), 500)
+    assert State.FAILED not in {e.task.state for e in events if e.task.task_id == task.task_id}
+
+
+async def test_the_lease_is_renewed_while_a_sweep_is_slow() -> None:
+    """A sweep takes a transaction per task of the lost host (and reconciling one may wait a
+    stop's grace): the renewal does not wait for it, or this live host would itself look lost
+    to the other replicas past its lease and grace."""
+    renewals: list[int] = []
+    sweep_began, sweep_may_end = asyncio.Event(), asyncio.Event()
+    clock = FakeClock()
+
+    async def renew_lease(until: int) -> int:
+        renewals.append(until)
+        return until
+
+    async def lost_hosts(cutoff: int) -> list[str]:
+        return ["gone"]
+
+    async def tasks_held_by(host: str) -> list[str]:
+        return ["t1"]
+
+    async def sweep_lost(task_id: str, host: str, now: int, cutoff: int) -> tuple[Task, None]:
+        sweep_began.set()
+        await sweep_may_end.wait()
+        return new_task(), None
+
+    store = SimpleNamespace(
+        renew_lease=renew_lease, lost_hosts=lost_hosts, tasks_held_by=tasks_held_by, sweep_lost=sweep_lost
+    )
+    rt = SimpleNamespace(
+        closing=False,
+        multi_host=True,
+        host_id="me",
+        clock=clock,
+        store=store,
+        tasks_cfg=SimpleNamespace(lease_ms=300, host_lost_grace_ms=0),
+        published=lambda stored, task: None,
+        wake=asyncio.Event(),
+    )
+    lease = HostLease(rt)  # type: ignore[arg-type]
+    loop = asyncio.create_task(lease.loop())
+    try:
+        await asyncio.wait_for(sweep_began.wait(), 10)
+        before = len(renewals)
+        deadline = time.monotonic() + 10  # renewed every 100 ms: three renewals, generously bounded
+        while len(renewals) < before + 3:
+            assert time.monotonic() < deadline, f"{len(renewals) - before} renewal(s) while the sweep ran"
+            await asyncio.sleep(0.05)
+        assert not sweep_may_end.is_set()
+    finally:
+        sweep_may_end.set()
+        rt.closing = True
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
