@@ -103,7 +103,18 @@ _ALLOWED: dict[State, frozenset[State]] = {
     # cancel_requested also carries a pause while its worker is being stopped.
     State.CANCEL_REQUESTED: frozenset({State.CANCELLED, State.NEEDS_RECONCILIATION, State.RECOVERING, State.PAUSED}),
     # completed: a HOST_LOST task whose worker, its host found on return, had exited 0.
-    State.NEEDS_RECONCILIATION: frozenset({State.CANCELLED, State.FAILED, State.QUEUED, State.PAUSED, State.COMPLETED}),
+    # running / waiting_input: a HOST_LOST task whose host was only silent and holds its worker alive.
+    State.NEEDS_RECONCILIATION: frozenset(
+        {
+            State.CANCELLED,
+            State.FAILED,
+            State.QUEUED,
+            State.PAUSED,
+            State.COMPLETED,
+            State.RUNNING,
+            State.WAITING_INPUT,
+        }
+    ),
     State.RECOVERING: frozenset(
         # completed: its worker had reported its result and exited before the crash
         {State.QUEUED, State.NEEDS_RECONCILIATION, State.FAILED, State.CANCELLED, State.COMPLETED, State.PAUSED}
@@ -878,6 +889,22 @@ def host_lost_here(task: Task, host_id: str) -> bool:
         and task.failure is not None
         and task.failure.code == FailureCode.HOST_LOST
     )
+
+
+def take_back_live(task: Task, now: int) -> bool:
+    """A HOST_LOST task whose host was only silent (a stall, not a crash) and still holds its
+    worker, alive — its own child, so nothing else can have run it: back to running (or to
+    waiting for its open question), so its reports and questions are taken again. A stop that
+    was in flight is not undone: the stopper settles that task."""
+    if task.state != State.NEEDS_RECONCILIATION or task.failure is None or task.failure.code != FailureCode.HOST_LOST:
+        return False
+    if task.cancellation is not None:
+        return False
+    task.state = State.WAITING_INPUT if task.pending_question is not None else State.RUNNING
+    task.pending_outcome = None
+    task.failure = None
+    task.updated_at = now
+    return True
 
 
 def host_lost_outcome(task: Task, attempt: Attempt | None) -> PendingOutcome:

@@ -149,7 +149,10 @@ class Recovery:
             return 0
         done = 0
         for task in await rt.store.tasks_in_states([State.NEEDS_RECONCILIATION], owner=rt.host_id):
-            if not domain.host_lost_here(task, rt.host_id) or task.task_id in rt.live:
+            if not domain.host_lost_here(task, rt.host_id):
+                continue
+            if task.task_id in rt.live:
+                done += await self._take_back_live(task.task_id)
                 continue
             async with rt.locks[task.task_id]:
                 task, attempts = await rt.store.task_with_attempts(task.task_id)
@@ -171,3 +174,26 @@ class Recovery:
             done += 1
             log.info("reconciled_host_lost", task_id=task.task_id, confirmed=status is None or status.gone)
         return done
+
+    async def _take_back_live(self, task_id: str) -> int:
+        """A task swept HOST_LOST while this host was only silent, whose worker this process
+        still holds, not exited and not being stopped: it runs on here (``take_back_live``)."""
+        rt = self.rt
+        async with rt.locks[task_id]:
+            live = rt.live.get(task_id)
+            # Checked under the lock the exit waiter settles under: an exit already seen is
+            # left to the next tick, which settles the task by it.
+            if live is None or live.process is None or live.exited.is_set() or live.stopping:
+                return 0
+            now = rt.clock.now_ms()
+            task, stored = await rt.store.update_task(
+                task_id,
+                lambda t: t if domain.take_back_live(t, now) else None,
+                "task.state_changed",
+                now,
+            )
+            rt.published(stored, task)
+        if stored is None:
+            return 0
+        log.warning("host_lost_task_taken_back", task_id=task_id, state=task.state.value, pid=live.attempt.pid)
+        return 1

@@ -16,6 +16,7 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
+from libs import proctree
 from libs.db import Database
 from libs.grpc_client import ClientSecurity, aio_channel, error_info
 from libs.grpc_server import ServerSecurity, start_server
@@ -102,6 +103,26 @@ def test_a_returning_host_settles_a_worker_that_exited_by_itself_by_its_exit() -
     assert domain.host_lost_outcome(task, ended).state == State.COMPLETED
     unknown = attempt_of(task, "h1", state="running")
     assert domain.host_lost_outcome(task, unknown).state == State.QUEUED  # kept: resumed once proven gone
+
+
+def test_a_silent_host_takes_back_its_live_tasks_where_they_were_but_not_a_stop_in_flight() -> None:
+    running = new_task(state=State.RUNNING, owner="h1")
+    domain.mark_host_lost(running, "h1", NOW)
+    assert domain.host_lost_here(running, "h1") and not domain.host_lost_here(running, "h2")
+    assert domain.take_back_live(running, NOW + 1)
+    assert running.state == State.RUNNING and running.failure is None and running.pending_outcome is None
+    domain.check_transition(State.NEEDS_RECONCILIATION, State.RUNNING)
+    waiting = new_task(state=State.WAITING_INPUT, owner="h1")
+    waiting.pending_question = domain.PendingQuestion(question_id="q1", text="which?", revision=1)
+    domain.mark_host_lost(waiting, "h1", NOW)
+    assert domain.take_back_live(waiting, NOW + 1) and waiting.state == State.WAITING_INPUT
+    stopping = new_task(state=State.CANCEL_REQUESTED, owner="h1")
+    stopping.cancellation = Cancellation(requested_at=NOW, cause="user_canceled")
+    domain.mark_host_lost(stopping, "h1", NOW)
+    assert not domain.take_back_live(stopping, NOW + 1), "the stopper settles it"
+    unconfirmed = new_task(state=State.NEEDS_RECONCILIATION, owner="h1")
+    unconfirmed.failure = domain.Failure(code=FailureCode.CLEANUP_UNCONFIRMED, message="pid 4242")
+    assert not domain.take_back_live(unconfirmed, NOW + 1)
 
 
 def test_a_requeued_task_is_released_to_any_host() -> None:
@@ -595,3 +616,28 @@ async def test_the_lease_is_renewed_while_a_sweep_is_slow() -> None:
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loop
+
+
+@pytest.mark.postgres
+async def test_a_running_task_swept_while_its_host_was_only_silent_runs_on_there(
+    pg_db: Database, survivor: Harness
+) -> None:
+    """Another replica swept this live host's running task HOST_LOST (its lease lapsed in a
+    stall). Its worker is this process's child, alive: the next reconciliation takes the task
+    back to running — the same attempt and process, nothing re-run — and a cancel then stops it."""
+    engine, store = survivor.engine, survivor.engine.store
+    task = await survivor.create("sleeper")
+    assert await engine.dispatch_once() == 1
+    await survivor.wait(task.task_id, [State.RUNNING])
+    (attempt,) = await store.attempts_of(task.task_id)
+    swept, event = await SchedulerStore(pg_db, "other").sweep_lost(task.task_id, "survivor", NOW, NOW + 10**9)
+    assert event is not None and swept.state == State.NEEDS_RECONCILIATION
+    assert await engine.recovery.reconcile_host_lost() == 1
+    back = await store.get_task(task.task_id)
+    assert back.state == State.RUNNING and back.failure is None and back.owner_host == "survivor"
+    (same,) = await store.attempts_of(task.task_id)
+    assert same.attempt_id == attempt.attempt_id and same.pid == attempt.pid and same.state == "running"
+    assert attempt.pid is not None and proctree.identity_matches(attempt.pid, attempt.pid_start_time or -1)
+    assert await engine.recovery.reconcile_host_lost() == 0, "nothing left to take back"
+    await engine.cancel(task.task_id, wait_s=5)
+    assert (await survivor.wait(task.task_id, [State.CANCELLED])).state == State.CANCELLED
