@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,21 +62,25 @@ def db(stack: Stack) -> psycopg.Connection[Any]:
     return psycopg.connect(stack.env["TASKGATE_SCHEDULER_DB_URL"], autocommit=True)
 
 
-def create_spread(stack: Stack, count: int, profile: str) -> list[str]:
-    """``count`` tasks created round-robin over every replica's CreateTask."""
+def create_spread(stack: Stack, count: int, profile: str, in_flight: int = 64) -> list[str]:
+    """``count`` tasks created round-robin over every replica's CreateTask, ``in_flight`` at a
+    time: the queue fills faster than the replicas drain it, so a kill lands mid-run (one
+    create after another, the tasks finished about as fast as they were created)."""
     names = stack.scheduler_names()
     channels = [stack.scheduler_channel(n, "gateway") for n in names]
     stubs = [pb_grpc.SchedulerServiceStub(c) for c in channels]
+    ids: list[str] = []
+    pending: deque[Any] = deque()
     try:
-        return [
-            stubs[i % len(stubs)]
-            .CreateTask(
-                pb.CreateTaskRequest(agent_id="agent-1", session_id="cli-replicas", title=f"t{i}", profile=profile),
-                timeout=10,
+        for i in range(count):
+            request = pb.CreateTaskRequest(
+                agent_id="agent-1", session_id="cli-replicas", title=f"t{i}", profile=profile
             )
-            .task.task_id
-            for i in range(count)
-        ]
+            pending.append(stubs[i % len(stubs)].CreateTask.future(request, timeout=30))
+            if len(pending) >= in_flight:
+                ids.append(pending.popleft().result().task.task_id)
+        ids.extend(f.result().task.task_id for f in pending)
+        return ids
     finally:
         for c in channels:
             c.close()
