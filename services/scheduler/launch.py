@@ -252,8 +252,8 @@ class Launcher:
                         return None  # another host's cancel arrived during the launch
                     if domain.host_lost_here(t, rt.host_id):
                         # This host's lease lapsed during the launch and another replica swept the
-                        # task. The worker is ours and released: it runs on, and once it exits
-                        # this host's reconciliation settles the task by its recorded exit.
+                        # task. The worker is ours and released: it runs on, and this host's next
+                        # reconciliation takes the task back (or settles it by the worker's exit).
                         return None
                     return domain.start_running(t, started_at, now, attempt.harness, attempt.harness_model)
 
