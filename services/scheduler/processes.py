@@ -557,8 +557,10 @@ def tree_status(
         if status.group:
             status.unsignallable = "legacy record without a start time: a live group is never signalled"
         return status
-    if leader is not None and leader.alive and leader.start_time != attempt.pid_start_time:
-        # The pid was reused, so its group (if any) is another program's.
+    if leader is not None and leader.start_time != attempt.pid_start_time:
+        # The pid was reused (by a live process or a zombie alike), so its group, if any, is
+        # another program's: the kernel frees a pid only once no process has it as its group
+        # id either, so nothing of the attempt's group can be left.
         status.unsignallable = f"pid {attempt.pid} now belongs to another process (start time differs)"
     else:
         # Members of our group all started after the leader did.

@@ -60,6 +60,30 @@ async def test_a_reused_pid_is_never_signalled(sleeper: subprocess.Popen[bytes])
     assert not status.group and "another process" in status.unsignallable
 
 
+async def test_a_reused_pid_held_by_a_zombie_leaves_its_new_group_alone() -> None:
+    """The record's pid now belongs to a zombie (another process that led its own group and
+    exited, unreaped) whose child lives on in that group: the group is not the attempt's — the
+    pid could only be reused once the attempt's group was gone — so nothing is signalled."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            table = proctree.process_table()
+            members = proctree.live_group_members(table, leader.pid)
+            if leader.pid in table and not table[leader.pid].alive and members:
+                break
+            assert time.monotonic() < deadline, "the shell did not exit leaving its child"
+            time.sleep(0.01)
+        (child,) = members
+        start = table[leader.pid].start_time
+        status = await processes.stop_tree(attempt_for(leader.pid, start - 5), grace_s=0.2, confirm_s=0.2)
+        assert proctree.identity_matches(child.pid, child.start_time), "another program's process was signalled"
+        assert not status.group and "another process" in status.unsignallable
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
 async def test_a_legacy_record_without_start_time_is_closed_only_when_its_group_is_absent(
     sleeper: subprocess.Popen[bytes],
 ) -> None:
