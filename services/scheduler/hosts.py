@@ -142,31 +142,27 @@ class HostLease:
         of a lost host's many tasks delay this host's own renewal past its lease and grace —
         and another replica then swept this live host's tasks as HOST_LOST."""
         if self.rt.multi_host:
-            await asyncio.gather(self._renew_loop(), self._sweep_loop())
+            await asyncio.gather(
+                self._every_tick(self.renew_once, "lease_renewal_failed"),
+                self._every_tick(self._sweep_and_reconcile, "lost_host_sweep_failed"),
+            )
         else:
-            await self._renew_loop()
+            await self._every_tick(self.renew_once, "lease_renewal_failed")
 
-    async def _renew_loop(self) -> None:
+    async def _every_tick(self, step: Callable[[], Awaitable[object]], failed: str) -> None:
         rt = self.rt
         period = rt.tasks_cfg.lease_ms / 3000
         while not rt.closing:
             try:
-                await self.renew_once()
+                await step()
             except Exception:
-                log.exception("lease_renewal_failed")
+                log.exception(failed)
             await asyncio.sleep(period)
 
-    async def _sweep_loop(self) -> None:
-        rt = self.rt
-        period = rt.tasks_cfg.lease_ms / 3000
-        while not rt.closing:
-            try:
-                await self.sweep_once()
-                if self.reconcile is not None:
-                    await self.reconcile()
-            except Exception:
-                log.exception("lost_host_sweep_failed")
-            await asyncio.sleep(period)
+    async def _sweep_and_reconcile(self) -> None:
+        await self.sweep_once()
+        if self.reconcile is not None:
+            await self.reconcile()
 
     async def renew_once(self) -> None:
         rt = self.rt
