@@ -100,19 +100,32 @@ def wait_until(what: str, check: Any, stack: Stack, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def unfinished(stack: Stack, limit: int = 10) -> list[dict[str, Any]]:
-    """The first tasks not completed, with their owner, failure and attempts: what a timeout
-    must show, since the throwaway database is gone once the test ends."""
+def _attempt_line(attempt: dict[str, Any]) -> str:
+    fields = ("number", "host_id", "state", "outcome", "exit_code", "signal", "pid")
+    return "#{number} {host_id} {state} {outcome} exit={exit_code} signal={signal} pid={pid}".format_map(
+        {k: attempt.get(k) for k in fields}
+    )
+
+
+def unfinished(stack: Stack, limit: int = 10) -> list[str]:
+    """The first tasks not completed (failed ones first), each on a line with its owner, failure
+    and attempts: what a timeout must show, since the throwaway database is gone once the test
+    ends."""
     with db(stack) as conn:
         rows = conn.execute(
-            "SELECT task_id, state, owner_host, doc FROM tasks WHERE state <> 'completed' ORDER BY task_id LIMIT %s",
+            "SELECT task_id, state, owner_host, doc FROM tasks WHERE state <> 'completed'"
+            " ORDER BY state, task_id LIMIT %s",
             (limit,),
         ).fetchall()
         found = []
         for task_id, state, owner, doc in rows:
-            runs = [json.loads(r[0]) for r in conn.execute("SELECT doc FROM attempts WHERE task_id = %s", (task_id,))]
-            failure = json.loads(doc).get("failure")
-            found.append({"task_id": task_id, "state": state, "owner": owner, "failure": failure, "attempts": runs})
+            failure = json.loads(doc).get("failure") or {}
+            attempts = conn.execute("SELECT doc FROM attempts WHERE task_id = %s ORDER BY number", (task_id,))
+            runs = [_attempt_line(json.loads(r[0])) for r in attempts]
+            found.append(
+                f"{task_id} {state} owner={owner} failure={failure.get('code')}: {failure.get('message')}"
+                f" attempts={runs}"
+            )
     return found
 
 
