@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,7 +61,8 @@ def libpq_url(url: str) -> str:
     return f"{scheme.split('+', 1)[0]}://{rest}"
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pg_settings: Mapping[str, str] | None = None) -> Engine:
+    """``pg_settings``: server settings every PostgreSQL session of this engine starts with."""
     if is_sqlite(url):
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
@@ -92,7 +93,8 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    connect_args = {"options": " ".join(f"-c {k}={v}" for k, v in pg_settings.items())} if pg_settings else {}
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args=connect_args)
 
 
 def migrate(engine: Engine, migrations: Sequence[Migration]) -> list[int]:
@@ -256,9 +258,11 @@ def _drain_at_exit() -> None:
 class Database:
     """An engine plus the threads its blocking calls run on."""
 
-    def __init__(self, url: str, migrations: Sequence[Migration] = ()) -> None:
+    def __init__(
+        self, url: str, migrations: Sequence[Migration] = (), pg_settings: Mapping[str, str] | None = None
+    ) -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, pg_settings)
         self.migrations = migrations
         # SQLite has one writer at a time: one thread avoids lock waits inside
         # the process. PostgreSQL gets a few.

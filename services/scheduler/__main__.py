@@ -18,7 +18,7 @@ from services.scheduler.cron_store import MIGRATIONS
 from services.scheduler.domain import State
 from services.scheduler.engine import Engine
 from services.scheduler.failure_reports import FailureReportsClient
-from services.scheduler.hosts import resolve_host_id
+from services.scheduler.hosts import resolve_host_id, scheduler_pg_settings
 from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import SchedulerStore
@@ -32,7 +32,7 @@ log = structlog.get_logger("scheduler")
 async def main() -> None:
     stop = StopSignal.install()
     settings = boot("scheduler", os.environ)
-    db = Database(settings.db_url("scheduler"), MIGRATIONS)
+    db = Database(settings.db_url("scheduler"), MIGRATIONS, pg_settings=scheduler_pg_settings(settings.tasks.lease_ms))
     host_id = resolve_host_id(settings.scheduler_host_id, settings.data_dir)
     await migrate(db)
     security = ClientSecurity.for_identity(settings, "scheduler")

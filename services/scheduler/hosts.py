@@ -117,6 +117,21 @@ class Listener:
                 pass
 
 
+# A sweep waits this long at most for a lock another session holds (a renewal racing it
+# commits in milliseconds); longer, it gives up until the next tick rather than hang there.
+SWEEP_LOCK_TIMEOUT_MS = 2000
+# PostgreSQL ends a scheduler session idle in a transaction this long — never a healthy one
+# (its statements run back to back on a database thread): a host frozen mid-transaction (a
+# stopped process, a paused VM) must not hold the row locks the other replicas' sweeps of it
+# wait for until TCP gives up on it, hours later.
+MIN_IDLE_IN_TRANSACTION_MS = 10_000
+
+
+def scheduler_pg_settings(lease_ms: int) -> dict[str, str]:
+    """The PostgreSQL session settings of the scheduler's database connections."""
+    return {"idle_in_transaction_session_timeout": str(max(lease_ms, MIN_IDLE_IN_TRANSACTION_MS))}
+
+
 class HostLease:
     """Renews this host's lease on a tick and, with several hosts, sweeps the lost ones."""
 
@@ -127,13 +142,13 @@ class HostLease:
 
     async def register(self) -> None:
         rt = self.rt
+        now = rt.clock.now_ms()
         try:
-            await rt.store.register_host(
-                rt.boot_id, rt.clock.now_ms(), rt.tasks_cfg.lease_ms, only_one=not rt.multi_host
-            )
+            await rt.store.register_host(rt.boot_id, now, rt.tasks_cfg.lease_ms, only_one=not rt.multi_host)
         except SecondReplica as exc:
             log.error("second_replica_refused", host_id=rt.host_id, reason=str(exc))
             raise
+        rt.lease_held_until = now + rt.tasks_cfg.lease_ms
         log.info("scheduler_host_registered", host_id=rt.host_id, multi_host=rt.multi_host)
 
     async def loop(self) -> None:
@@ -160,14 +175,17 @@ class HostLease:
             await asyncio.sleep(period)
 
     async def _sweep_and_reconcile(self) -> None:
-        await self.sweep_once()
-        if self.reconcile is not None:
-            await self.reconcile()
+        try:
+            await self.sweep_once()
+        finally:  # a sweep that failed (a lock it gave up on) does not hold back this host's own
+            if self.reconcile is not None:
+                await self.reconcile()
 
     async def renew_once(self) -> None:
         rt = self.rt
         now = rt.clock.now_ms()
         previous = await rt.store.renew_lease(now + rt.tasks_cfg.lease_ms)
+        rt.lease_held_until = now + rt.tasks_cfg.lease_ms if previous is not None else 0
         if previous is None or previous < now:
             # Silent past its own lease: another replica may have swept this host's tasks.
             log.warning("lease_lapsed", host_id=rt.host_id, expired_at=previous)
@@ -186,7 +204,7 @@ class HostLease:
                 await rt.store.forget_host(host, cutoff)
                 continue
             for task_id in task_ids:
-                task, stored = await rt.store.sweep_lost(task_id, host, now, cutoff)
+                task, stored = await rt.store.sweep_lost(task_id, host, now, cutoff, SWEEP_LOCK_TIMEOUT_MS)
                 rt.published(stored, task)
                 if stored is not None:
                     swept += 1

@@ -152,7 +152,9 @@ class Recovery:
             if not domain.host_lost_here(task, rt.host_id):
                 continue
             if task.task_id in rt.live:
-                done += await self._take_back_live(task.task_id)
+                # Only with its lease renewed again: else the next sweep would take it away again.
+                if rt.clock.now_ms() < rt.lease_held_until:
+                    done += await self._take_back_live(task.task_id)
                 continue
             async with rt.locks[task.task_id]:
                 task, attempts = await rt.store.task_with_attempts(task.task_id)

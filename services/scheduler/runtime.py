@@ -127,6 +127,9 @@ class Runtime:
         # Several hosts (PostgreSQL): this replica's id, and the wake-ups other replicas send.
         self.host_id = store.host_id
         self.multi_host = store.postgres
+        # Until when this host's lease is known to hold (its last renewal's new expiry, by
+        # this host's clock): only then may it take back tasks swept while it was silent.
+        self.lease_held_until = 0
         self.control_wake = asyncio.Event()  # a stop of one of this host's tasks was asked elsewhere
         self.events_wake = asyncio.Event()  # another replica committed task events
         self.questions_wake = asyncio.Event()  # the question closer looks at its outbox when set

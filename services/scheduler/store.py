@@ -935,12 +935,18 @@ class SchedulerStore:
         await self.group.alone(work)
 
     async def sweep_lost(
-        self, task_id: str, host_id: str, now: int, expired_before: int
+        self, task_id: str, host_id: str, now: int, expired_before: int, lock_timeout_ms: int = 0
     ) -> tuple[Task, StoredEvent | None]:
         """One task of a lost host, in one transaction: a queued one it never began launching is
-        released to any host; anything else waits in needs_reconciliation (HOST_LOST)."""
+        released to any host; anything else waits in needs_reconciliation (HOST_LOST).
+
+        ``lock_timeout_ms`` (PostgreSQL): give up on a lock held longer (a host frozen in the
+        middle of a transaction) — the transaction is its own then, so the setting binds no
+        other unit."""
 
         def work(s: Tx) -> tuple[Task, StoredEvent | None]:
+            if lock_timeout_ms and self.postgres:
+                s.driver.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
             rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
@@ -971,7 +977,7 @@ class SchedulerStore:
             _write_task(s, task)
             return task, _append_event(s, task, "task.state_changed", now, self.host_id)
 
-        return await self._run(work)
+        return await (self.group.alone(work) if lock_timeout_ms else self._run(work))
 
     async def request_stop_elsewhere(
         self, task_id: str, cancellation: Cancellation, pause: bool, now: int

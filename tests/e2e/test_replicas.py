@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -263,6 +264,57 @@ def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: A
         assert second["host_id"] == victim_host
     assert "reconciled_host_lost" in stack.procs[victim].logs()
     assert len(task_ids) == 6
+
+
+def _all_host_lost(stack: Stack, task_ids: list[str]) -> bool:
+    with db(stack) as conn:
+        rows = conn.execute("SELECT state, doc FROM tasks WHERE task_id = ANY(%s)", (task_ids,)).fetchall()
+    return all(r[0] == "needs_reconciliation" and json.loads(r[1])["failure"]["code"] == "HOST_LOST" for r in rows)
+
+
+def test_a_stalled_replica_takes_back_its_running_tasks_when_it_wakes(stack_of: Any) -> None:
+    """SIGSTOP a replica past its lease and grace: the other sweeps its running tasks HOST_LOST.
+    Woken (SIGCONT), it still holds their workers, alive: it takes the tasks back — running, the
+    same attempt and process, nothing re-run — and they answer to a cancel again (one sent to the
+    other replica is applied by the owner)."""
+    stack = stack_of(2, max_running=3)
+    stalled = "scheduler-1"
+    stalled_host = _host_of(stack, stalled)
+    create_spread(stack, 6, "sleeper")
+    wait_until("six running", lambda: states(stack).get("running", 0) == 6, stack, 60)
+    with db(stack) as conn:
+        held = [r[0] for r in conn.execute("SELECT task_id FROM tasks WHERE owner_host = %s", (stalled_host,))]
+    assert held, "the stalled replica runs some tasks"
+    before = attempts_by_task(stack)
+    process = stack.procs[stalled].proc
+    assert process is not None
+    process.send_signal(signal.SIGSTOP)
+    try:
+        wait_until("HOST_LOST", lambda: _all_host_lost(stack, held), stack, 60)
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+    def taken_back() -> bool:
+        with db(stack) as conn:
+            rows = conn.execute("SELECT state FROM tasks WHERE task_id = ANY(%s)", (held,)).fetchall()
+        return all(r[0] == "running" for r in rows)
+
+    wait_until("taken back", taken_back, stack, 60)
+    after = attempts_by_task(stack)
+    for t in held:
+        (attempt,) = after[t]
+        assert attempt["attempt_id"] == before[t][0]["attempt_id"] and attempt["pid"] == before[t][0]["pid"]
+        assert proctree.identity_matches(attempt["pid"], attempt["pid_start_time"]), "its worker ran on"
+    logs = stack.procs[stalled].logs()
+    assert "lease_lapsed" in logs and "host_lost_task_taken_back" in logs
+    with stack.scheduler_channel("scheduler", "gateway") as channel:
+        stub = pb_grpc.SchedulerServiceStub(channel)
+        stub.CancelTask(pb.CancelTaskRequest(task_id=held[0]), timeout=30)
+        deadline = time.monotonic() + 60
+        while stub.GetTask(pb.GetTaskRequest(task_id=held[0]), timeout=10).task.state != pb.TASK_STATE_CANCELLED:
+            assert time.monotonic() < deadline, "the cancel was not applied"
+            time.sleep(0.2)
+    assert not proctree.identity_matches(after[held[0]][0]["pid"], after[held[0]][0]["pid_start_time"])
 
 
 def test_a_watch_on_one_replica_sees_changes_made_by_another(stack_of: Any) -> None:

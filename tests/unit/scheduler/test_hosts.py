@@ -13,11 +13,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 import sqlalchemy as sa
 
 from libs import proctree
-from libs.db import Database
+from libs.db import Database, libpq_url
 from libs.grpc_client import ClientSecurity, aio_channel, error_info
 from libs.grpc_server import ServerSecurity, start_server
 from libs.ids import time_ordered_id
@@ -26,7 +27,7 @@ from libs.settings import WorkerProfile
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, Cancellation, FailureCode, PendingOutcome, State, Task
 from services.scheduler.engine import Engine
-from services.scheduler.hosts import HostLease, default_host_id
+from services.scheduler.hosts import HostLease, default_host_id, scheduler_pg_settings
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, NotOwner, SchedulerStore, SecondReplica
 from services.scheduler.worker_api import WorkerSockets, start_worker_server
@@ -582,7 +583,7 @@ async def test_the_lease_is_renewed_while_a_sweep_is_slow() -> None:
     async def tasks_held_by(host: str) -> list[str]:
         return ["t1"]
 
-    async def sweep_lost(task_id: str, host: str, now: int, cutoff: int) -> tuple[Task, None]:
+    async def sweep_lost(task_id: str, host: str, now: int, cutoff: int, lock_timeout_ms: int) -> tuple[Task, None]:
         sweep_began.set()
         await sweep_may_end.wait()
         return new_task(), None
@@ -632,6 +633,10 @@ async def test_a_running_task_swept_while_its_host_was_only_silent_runs_on_there
     (attempt,) = await store.attempts_of(task.task_id)
     swept, event = await SchedulerStore(pg_db, "other").sweep_lost(task.task_id, "survivor", NOW, NOW + 10**9)
     assert event is not None and swept.state == State.NEEDS_RECONCILIATION
+    engine.runtime.lease_held_until = 0  # woken, but its lease not renewed yet: the next sweep would win
+    assert await engine.recovery.reconcile_host_lost() == 0
+    assert (await store.get_task(task.task_id)).state == State.NEEDS_RECONCILIATION
+    await engine.lease.renew_once()
     assert await engine.recovery.reconcile_host_lost() == 1
     back = await store.get_task(task.task_id)
     assert back.state == State.RUNNING and back.failure is None and back.owner_host == "survivor"
@@ -641,3 +646,50 @@ async def test_a_running_task_swept_while_its_host_was_only_silent_runs_on_there
     assert await engine.recovery.reconcile_host_lost() == 0, "nothing left to take back"
     await engine.cancel(task.task_id, wait_s=5)
     assert (await survivor.wait(task.task_id, [State.CANCELLED])).state == State.CANCELLED
+
+
+@pytest.mark.postgres
+async def test_a_sweep_gives_up_on_a_lock_a_frozen_host_holds_then_sweeps_once_it_is_released(
+    pg_db: Database,
+) -> None:
+    """A host frozen in the middle of its renewal holds its lease row: the sweep (which reads
+    that row FOR SHARE) gives up after its lock timeout instead of hanging, and the next one,
+    after the lock is gone, sweeps the task."""
+    frozen_host = SchedulerStore(pg_db, "frozen")
+    await frozen_host.register_host("boot", NOW - 60_000, 1_000, only_one=False)
+    task = (await frozen_host.create_task(behave_task(0)))[0]
+    await launched(frozen_host, task, "frozen")
+    sweeper = SchedulerStore(pg_db, "sweeper")
+    with psycopg.connect(libpq_url(pg_db.url)) as frozen:
+        frozen.execute("SELECT 1 FROM scheduler_hosts WHERE host_id = 'frozen' FOR UPDATE")
+        began = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+            await asyncio.wait_for(sweeper.sweep_lost(task.task_id, "frozen", NOW, NOW + 10**9, 300), 30)
+        assert time.monotonic() - began < 20, "it waited past its lock timeout"
+        assert (await sweeper.get_task(task.task_id)).state == State.RUNNING, "nothing half-written"
+        frozen.rollback()
+    swept, event = await sweeper.sweep_lost(task.task_id, "frozen", NOW, NOW + 10**9, 300)
+    assert event is not None and swept.state == State.NEEDS_RECONCILIATION
+
+
+@pytest.mark.postgres
+async def test_postgresql_ends_a_scheduler_session_left_idle_in_a_transaction(pg_db: Database) -> None:
+    """The scheduler's sessions carry idle_in_transaction_session_timeout (never below 10 s, at
+    least its lease): a session frozen inside a transaction loses it, and the row locks it held
+    go to whoever waits for them."""
+    assert scheduler_pg_settings(1_500) == {"idle_in_transaction_session_timeout": "10000"}
+    assert scheduler_pg_settings(15_000) == {"idle_in_transaction_session_timeout": "15000"}
+    quick = Database(pg_db.url, pg_settings={"idle_in_transaction_session_timeout": "500"})
+    try:
+        with quick.engine.connect() as conn:
+            shown = conn.execute(sa.text("SHOW idle_in_transaction_session_timeout")).scalar()
+            assert shown == "500ms"
+            conn.execute(sa.text("SELECT 1 FROM scheduler_hosts FOR UPDATE"))  # begun, then frozen
+            await SchedulerStore(pg_db, "holder").register_host("boot", NOW, 1_000, only_one=False)
+            with psycopg.connect(libpq_url(pg_db.url)) as waiter:
+                waiter.execute("SET lock_timeout = 20000")
+                began = time.monotonic()
+                waiter.execute("SELECT 1 FROM scheduler_hosts FOR UPDATE")  # granted once the server ends it
+                assert time.monotonic() - began < 20
+    finally:
+        quick.close()
