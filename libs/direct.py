@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -35,21 +35,21 @@ class OnConnection:
         self.driver: Any = conn.connection.driver_connection
 
 
-def _translated(conn: Connection, sql: str, params: Any, exc: Exception) -> Exception:
-    """The driver's error as SQLAlchemy would have raised it (``IntegrityError`` for a unique
+def _raise_translated(conn: Connection, sql: str, params: Any, exc: Exception) -> NoReturn:
+    """Raise the driver's error as SQLAlchemy would have (``IntegrityError`` for a unique
     violation, …), so callers catch one family whichever path ran the statement; the driver's
-    own error stays its ``orig`` and its cause."""
+    own error stays its ``orig`` and its cause. Anything else goes on as it was."""
     dbapi_error = conn.dialect.loaded_dbapi.Error
     if not isinstance(exc, dbapi_error):
-        return exc
-    return DBAPIError.instance(sql, params, exc, dbapi_error, dialect=conn.dialect)
+        raise exc
+    raise DBAPIError.instance(sql, params, exc, dbapi_error, dialect=conn.dialect) from exc
 
 
 class Direct:
     """A statement compiled once per dialect by SQLAlchemy and run on the driver's cursor.
 
     ``keys``: the parameters (an insert's columns) it is run with; ``returns``: the names of
-    the columns ``rows`` gives back. A driver error is raised as SQLAlchemy's (``_translated``).
+    the columns ``rows`` gives back. A driver error is raised as SQLAlchemy's (``_raise_translated``).
     """
 
     def __init__(self, stmt: ClauseElement, keys: Sequence[str] = (), returns: Sequence[str] = ()) -> None:
@@ -78,10 +78,7 @@ class Direct:
         try:
             return tx.driver.execute(sql, bound)
         except Exception as exc:
-            error = _translated(tx.conn, sql, bound, exc)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(tx.conn, sql, bound, exc)
 
     def executemany(self, tx: DriverTx, many: Iterable[dict[str, Any]]) -> None:
         """The statement once per parameter set, in one driver call (no rows come back)."""
@@ -92,10 +89,7 @@ class Direct:
         try:
             tx.driver.cursor().executemany(sql, rows)
         except Exception as exc:
-            error = _translated(tx.conn, sql, None, exc)
-            if error is exc:
-                raise
-            raise error from exc
+            _raise_translated(tx.conn, sql, None, exc)
 
     def rows(self, tx: DriverTx, params: dict[str, Any]) -> list[Any]:
         assert self.row is not None

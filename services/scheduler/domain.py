@@ -891,14 +891,12 @@ def host_lost_here(task: Task, host_id: str) -> bool:
     )
 
 
-def take_back_live(task: Task, now: int) -> bool:
+def take_back_live(task: Task, host_id: str, now: int) -> bool:
     """A HOST_LOST task whose host was only silent (a stall, not a crash) and still holds its
     worker, alive — its own child, so nothing else can have run it: back to running (or to
     waiting for its open question), so its reports and questions are taken again. A stop that
     was in flight is not undone: the stopper settles that task."""
-    if task.state != State.NEEDS_RECONCILIATION or task.failure is None or task.failure.code != FailureCode.HOST_LOST:
-        return False
-    if task.cancellation is not None:
+    if not host_lost_here(task, host_id) or task.cancellation is not None:
         return False
     task.state = State.WAITING_INPUT if task.pending_question is not None else State.RUNNING
     task.pending_outcome = None

@@ -117,9 +117,6 @@ class Listener:
                 pass
 
 
-# A sweep waits this long at most for a lock another session holds (a renewal racing it
-# commits in milliseconds); longer, it gives up until the next tick rather than hang there.
-SWEEP_LOCK_TIMEOUT_MS = 2000
 # PostgreSQL ends a scheduler session idle in a transaction this long — never a healthy one
 # (its statements run back to back on a database thread): a host frozen mid-transaction (a
 # stopped process, a paused VM) must not hold the row locks the other replicas' sweeps of it
@@ -204,7 +201,7 @@ class HostLease:
                 await rt.store.forget_host(host, cutoff)
                 continue
             for task_id in task_ids:
-                task, stored = await rt.store.sweep_lost(task_id, host, now, cutoff, SWEEP_LOCK_TIMEOUT_MS)
+                task, stored = await rt.store.sweep_lost(task_id, host, now, cutoff)
                 rt.published(stored, task)
                 if stored is not None:
                     swept += 1

@@ -190,7 +190,7 @@ class Recovery:
             now = rt.clock.now_ms()
             task, stored = await rt.store.update_task(
                 task_id,
-                lambda t: t if domain.take_back_live(t, now) else None,
+                lambda t: t if domain.take_back_live(t, rt.host_id, now) else None,
                 "task.state_changed",
                 now,
             )

@@ -44,6 +44,11 @@ from services.scheduler.domain import (
 )
 from services.scheduler.group_commit import GroupCommit, Tx
 
+# A lost-host sweep waits this long at most for a lock: a renewal racing it commits in
+# milliseconds, while a host frozen mid-transaction would hold it until PostgreSQL ends that
+# session (``idle_in_transaction_session_timeout``, ``hosts.scheduler_pg_settings``).
+SWEEP_LOCK_TIMEOUT_MS = 2000
+
 MIGRATIONS = [
     Migration(
         1,
@@ -935,17 +940,16 @@ class SchedulerStore:
         await self.group.alone(work)
 
     async def sweep_lost(
-        self, task_id: str, host_id: str, now: int, expired_before: int, lock_timeout_ms: int = 0
+        self, task_id: str, host_id: str, now: int, expired_before: int, lock_timeout_ms: int = SWEEP_LOCK_TIMEOUT_MS
     ) -> tuple[Task, StoredEvent | None]:
-        """One task of a lost host, in one transaction: a queued one it never began launching is
-        released to any host; anything else waits in needs_reconciliation (HOST_LOST).
-
-        ``lock_timeout_ms`` (PostgreSQL): give up on a lock held longer (a host frozen in the
-        middle of a transaction) — the transaction is its own then, so the setting binds no
-        other unit."""
+        """One task of a lost host, in a transaction of its own: a queued one it never began
+        launching is released to any host; anything else waits in needs_reconciliation
+        (HOST_LOST). On PostgreSQL a lock held past ``lock_timeout_ms`` (a host frozen in the
+        middle of a transaction) fails the sweep until the next tick rather than hang it; its
+        own transaction, so the setting binds no other unit."""
 
         def work(s: Tx) -> tuple[Task, StoredEvent | None]:
-            if lock_timeout_ms and self.postgres:
+            if self.postgres:
                 s.driver.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
             rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not rows:
@@ -977,7 +981,7 @@ class SchedulerStore:
             _write_task(s, task)
             return task, _append_event(s, task, "task.state_changed", now, self.host_id)
 
-        return await (self.group.alone(work) if lock_timeout_ms else self._run(work))
+        return await self.group.alone(work)
 
     async def request_stop_elsewhere(
         self, task_id: str, cancellation: Cancellation, pause: bool, now: int

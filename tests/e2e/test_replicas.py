@@ -222,6 +222,12 @@ def _host_of(stack: Stack, name: str) -> str:
     return default_host_id(os.uname().nodename, Path(env["TASKGATE_DATA_DIR"]))
 
 
+def _all_host_lost(stack: Stack, task_ids: list[str]) -> bool:
+    with db(stack) as conn:
+        rows = conn.execute("SELECT state, doc FROM tasks WHERE task_id = ANY(%s)", (task_ids,)).fetchall()
+    return all(r[0] == "needs_reconciliation" and json.loads(r[1])["failure"]["code"] == "HOST_LOST" for r in rows)
+
+
 def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: Any) -> None:
     stack = stack_of(2, max_running=3)
     victim = "scheduler-1"
@@ -237,12 +243,7 @@ def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: A
         a = before[t][0]
         assert proctree.identity_matches(a["pid"], a["pid_start_time"]), "the worker outlives its scheduler"
 
-    def all_lost() -> bool:
-        with db(stack) as conn:
-            rows = conn.execute("SELECT state, doc FROM tasks WHERE task_id = ANY(%s)", (lost,)).fetchall()
-        return all(r[0] == "needs_reconciliation" and json.loads(r[1])["failure"]["code"] == "HOST_LOST" for r in rows)
-
-    wait_until("HOST_LOST", all_lost, stack, 60)
+    wait_until("HOST_LOST", lambda: _all_host_lost(stack, lost), stack, 60)
     time.sleep((LEASE_MS + GRACE_MS) / 1000)  # a while longer: nothing re-runs them
     after = attempts_by_task(stack)
     assert all(len(after[t]) == 1 for t in lost), "never re-run while its worker may live"
@@ -264,12 +265,6 @@ def test_a_killed_replica_leaves_host_lost_then_reconciles_on_return(stack_of: A
         assert second["host_id"] == victim_host
     assert "reconciled_host_lost" in stack.procs[victim].logs()
     assert len(task_ids) == 6
-
-
-def _all_host_lost(stack: Stack, task_ids: list[str]) -> bool:
-    with db(stack) as conn:
-        rows = conn.execute("SELECT state, doc FROM tasks WHERE task_id = ANY(%s)", (task_ids,)).fetchall()
-    return all(r[0] == "needs_reconciliation" and json.loads(r[1])["failure"]["code"] == "HOST_LOST" for r in rows)
 
 
 def test_a_stalled_replica_takes_back_its_running_tasks_when_it_wakes(stack_of: Any) -> None:

@@ -110,20 +110,21 @@ def test_a_silent_host_takes_back_its_live_tasks_where_they_were_but_not_a_stop_
     running = new_task(state=State.RUNNING, owner="h1")
     domain.mark_host_lost(running, "h1", NOW)
     assert domain.host_lost_here(running, "h1") and not domain.host_lost_here(running, "h2")
-    assert domain.take_back_live(running, NOW + 1)
+    assert not domain.take_back_live(running, "h2", NOW + 1), "only its own host takes it back"
+    assert domain.take_back_live(running, "h1", NOW + 1)
     assert running.state == State.RUNNING and running.failure is None and running.pending_outcome is None
     domain.check_transition(State.NEEDS_RECONCILIATION, State.RUNNING)
     waiting = new_task(state=State.WAITING_INPUT, owner="h1")
     waiting.pending_question = domain.PendingQuestion(question_id="q1", text="which?", revision=1)
     domain.mark_host_lost(waiting, "h1", NOW)
-    assert domain.take_back_live(waiting, NOW + 1) and waiting.state == State.WAITING_INPUT
+    assert domain.take_back_live(waiting, "h1", NOW + 1) and waiting.state == State.WAITING_INPUT
     stopping = new_task(state=State.CANCEL_REQUESTED, owner="h1")
     stopping.cancellation = Cancellation(requested_at=NOW, cause="user_canceled")
     domain.mark_host_lost(stopping, "h1", NOW)
-    assert not domain.take_back_live(stopping, NOW + 1), "the stopper settles it"
+    assert not domain.take_back_live(stopping, "h1", NOW + 1), "the stopper settles it"
     unconfirmed = new_task(state=State.NEEDS_RECONCILIATION, owner="h1")
     unconfirmed.failure = domain.Failure(code=FailureCode.CLEANUP_UNCONFIRMED, message="pid 4242")
-    assert not domain.take_back_live(unconfirmed, NOW + 1)
+    assert not domain.take_back_live(unconfirmed, "h1", NOW + 1)
 
 
 def test_a_requeued_task_is_released_to_any_host() -> None:
@@ -583,7 +584,7 @@ async def test_the_lease_is_renewed_while_a_sweep_is_slow() -> None:
     async def tasks_held_by(host: str) -> list[str]:
         return ["t1"]
 
-    async def sweep_lost(task_id: str, host: str, now: int, cutoff: int, lock_timeout_ms: int) -> tuple[Task, None]:
+    async def sweep_lost(task_id: str, host: str, now: int, cutoff: int) -> tuple[Task, None]:
         sweep_began.set()
         await sweep_may_end.wait()
         return new_task(), None
