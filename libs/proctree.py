@@ -76,8 +76,16 @@ def identity_matches(pid: int, start_time: int) -> bool:
     return start_time_of(pid) == start_time
 
 
-def process_table() -> dict[int, ProcStat]:
-    table: dict[int, ProcStat] = {}
+class ProcessTable(dict[int, ProcStat]):
+    """A read of every process by pid, with the moment the read began (``boot_ticks``):
+    what it shows alive was alive at some moment from then on."""
+
+    read_from: int | None = None
+
+
+def process_table() -> ProcessTable:
+    table = ProcessTable()
+    table.read_from = boot_ticks()
     for name in os.listdir("/proc"):
         if name.isdigit():
             data = _read(f"/proc/{name}/stat")

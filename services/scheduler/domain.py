@@ -234,6 +234,11 @@ class Attempt(BaseModel):
     cgroup: str | None = None
     # The scheduler host that launched it (only that host can signal or prove it).
     host_id: str | None = None
+    # A moment (kernel boot-clock ticks, the unit of start times) at which the attempt's
+    # process group id was still its own: its exited leader not yet reaped. Once the leader
+    # is gone, live members of that group are the attempt's only if one of them started by
+    # then (or is a recorded descendant): a later group with that id may be a reused pid's.
+    group_held_ticks: int | None = None
 
 
 class PendingQuestion(BaseModel):

@@ -233,6 +233,7 @@ class Launcher:
                 )
                 return False
             live.process = launched.process
+            launched.process.attempt = attempt
             attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
             rt.ownership.forked(attempt)
             try:

@@ -135,6 +135,9 @@ class WorkerProcess:
         # the children of a launch's fork window alone (``Ownership.reap``).
         self._pidfd = os.pidfd_open(self.pid)
         self._done: asyncio.Future[int] | None = None
+        # The attempt this process leads (set by the launcher): its group is marked held just
+        # before the reap, the last moment the exited leader keeps the group id from reuse.
+        self.attempt: Attempt | None = None
 
     def abandon(self) -> None:
         """Its launch failed, so nobody awaits it: reap it once it exits, as asyncio's watcher did.
@@ -167,6 +170,8 @@ class WorkerProcess:
         finally:
             loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
+        if self.attempt is not None:
+            mark_group_held(self.attempt, proctree.boot_ticks())
         code = 255
         try:
             while True:
@@ -494,6 +499,7 @@ def record_descendants(attempt: Attempt, table: dict[int, proctree.ProcStat]) ->
     Descendants of recorded descendants count too, so a daemon that a recorded
     process (or an orphan attributed to the attempt) forks is recorded as well.
     """
+    _mark_if_leader_seen(attempt, table)
     roots = _roots(attempt, table)
     if not roots:  # an exited worker with nothing recorded: no pass over the whole table
         return False
@@ -539,6 +545,37 @@ def attribute_orphans(
     return unattributed
 
 
+def mark_group_held(attempt: Attempt, ticks: int) -> None:
+    """Record that the attempt's group id was still its own at ``ticks`` (boot clock)."""
+    attempt.group_held_ticks = max(ticks, attempt.group_held_ticks or 0)
+
+
+def _mark_if_leader_seen(attempt: Attempt, table: dict[int, proctree.ProcStat]) -> None:
+    """A table showing the attempt's own leader (alive or its zombie) marks the group held
+    when the read began (in memory; saved with the attempt's next write)."""
+    read_from = getattr(table, "read_from", None)
+    leader = table.get(attempt.pid) if attempt.pid is not None else None
+    if read_from is not None and leader is not None and leader.start_time == attempt.pid_start_time:
+        mark_group_held(attempt, read_from)
+
+
+def _group_is_the_attempts(attempt: Attempt, members: Sequence[proctree.ProcStat]) -> bool:
+    """With the leader gone: are these live members of the attempt's group id its own?
+
+    The kernel frees a pid only once no process has it as pid, group or session id, so a
+    group id held by a live process has been held continuously since that process started.
+    If the oldest member started while the id was provably the attempt's (by its leader's
+    last moment before the reap, or its start), every member joined the attempt's group; so
+    did the group of a live recorded descendant. Otherwise the attempt's group may have died
+    out and the id been reused by another program's group, whose members all started later.
+    """
+    held = max(attempt.group_held_ticks or 0, attempt.pid_start_time or 0)
+    if min(m.start_time for m in members) <= held:
+        return True
+    recorded = {(d.pid, d.start_time) for d in attempt.descendants}
+    return any((m.pid, m.start_time) in recorded for m in members)
+
+
 def tree_status(
     attempt: Attempt,
     table: dict[int, proctree.ProcStat],
@@ -567,6 +604,11 @@ def tree_status(
         status.group = [
             p for p in proctree.live_group_members(table, attempt.pgid) if p.start_time >= attempt.pid_start_time
         ]
+        if leader is None and status.group and not _group_is_the_attempts(attempt, status.group):
+            status.unsignallable = (
+                f"the group's leader (pid {attempt.pid}) is gone and no live member of group {attempt.pgid} "
+                "started while it was provably the attempt's: the group id may have been reused"
+            )
     for d in attempt.descendants:
         stat = table.get(d.pid)
         if stat is not None and stat.alive and stat.start_time == d.start_time and stat.pgid != attempt.pgid:

@@ -223,6 +223,9 @@ async def test_200_fast_exiting_workers_all_record_their_identity_and_complete(t
             (attempt,) = attempts
             assert attempt.pid is not None and attempt.pid_start_time is not None, attempt
             assert attempt.exit_code == 0 and attempt.outcome == "exited"
+            # The moment before its reap is stored with the exit: a later look can tell this
+            # group's leftovers from a reused pid's group.
+            assert attempt.group_held_ticks is not None and attempt.group_held_ticks >= attempt.pid_start_time
     finally:
         await h.close()
 

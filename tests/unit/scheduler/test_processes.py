@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pwd
 import signal
@@ -82,6 +83,75 @@ async def test_a_reused_pid_held_by_a_zombie_leaves_its_new_group_alone() -> Non
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
+
+
+def group_left_by_an_exited_leader() -> tuple[int, proctree.ProcStat]:
+    """A real group whose leader exited and was reaped, one member (``sleep 60``) living on:
+    (the group id, the member). The caller kills the group."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
+    leader.wait()
+    deadline = time.monotonic() + 5
+    while not (members := proctree.live_group_members(proctree.process_table(), leader.pid)):
+        assert time.monotonic() < deadline, "the shell's child did not show"
+        time.sleep(0.01)
+    (member,) = members
+    return leader.pid, member
+
+
+async def test_a_group_whose_leader_is_gone_and_whose_members_all_came_later_is_never_signalled() -> None:
+    """The record's pid led a group, then the whole group ended and the pid was reused by a
+    new group leader that has exited too, its child living on under the same group id. A
+    late look (a restart, a host back after days) finds members of that id newer than the
+    attempt's leader but nothing tying them to the attempt: they are not signalled."""
+    pgid, member = group_left_by_an_exited_leader()
+    try:
+        # The attempt's leader had this pid long before; it was last seen holding its group
+        # before the member started.
+        record = attempt_for(pgid, member.start_time - 50)
+        record.group_held_ticks = member.start_time - 10
+        status = await processes.stop_tree(record, grace_s=0.2, confirm_s=0.2)
+        assert proctree.identity_matches(member.pid, member.start_time), "another program's process was signalled"
+        assert not status.gone and "may have been reused" in status.unsignallable
+        assert [p.pid for p in status.group] == [member.pid]
+    finally:
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("tie", ["held after the member started", "member recorded"])
+async def test_a_group_whose_leader_is_gone_is_stopped_when_a_member_is_provably_the_attempts(tie: str) -> None:
+    pgid, member = group_left_by_an_exited_leader()
+    try:
+        record = attempt_for(pgid, member.start_time - 50)
+        if tie == "member recorded":
+            record.descendants.append(ProcessIdentity(pid=member.pid, start_time=member.start_time))
+        else:  # its leader was reaped (or seen) after the member started: the id was the attempt's then
+            record.group_held_ticks = member.start_time
+        status = await processes.stop_tree(record, grace_s=0.2, confirm_s=0.2)
+        assert status.gone and not status.unsignallable
+        assert not proctree.identity_matches(member.pid, member.start_time)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+async def test_a_reaped_leader_marks_its_group_held_just_before_the_reap(tmp_path: Path) -> None:
+    """The worker's exit is read from its pidfd and it is reaped then: the attempt records
+    that moment, so what its group left behind (started earlier) is provably the attempt's."""
+    launched = await processes.launch(
+        ["sh", "-c", "sleep 60 & exit 0"], tmp_path, {"PATH": os.environ["PATH"]}, tmp_path / "w.log", "tok"
+    )
+    record = attempt_for(launched.pid, launched.start_time)
+    launched.process.attempt = record
+    launched.release()
+    try:
+        assert await launched.process.wait() == 0
+        (member,) = proctree.live_group_members(proctree.process_table(), launched.pgid)
+        assert record.group_held_ticks is not None and record.group_held_ticks >= member.start_time
+        status = await processes.stop_tree(record, grace_s=0.2, confirm_s=0.2)
+        assert status.gone and not proctree.identity_matches(member.pid, member.start_time)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launched.pgid, signal.SIGKILL)
 
 
 async def test_a_legacy_record_without_start_time_is_closed_only_when_its_group_is_absent(
