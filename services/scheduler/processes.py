@@ -170,6 +170,9 @@ class WorkerProcess:
         finally:
             loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
+        # Marked before the reap, so a look racing it never finds the leader gone unmarked:
+        # until this process reaps it, the exited leader (a zombie) holds its group id.
+        held_before = self.attempt.group_held_ticks if self.attempt is not None else None
         if self.attempt is not None:
             mark_group_held(self.attempt, proctree.boot_ticks())
         code = 255
@@ -183,6 +186,8 @@ class WorkerProcess:
                 await asyncio.sleep(POLL_S)
         except ChildProcessError:  # reaped by someone else: the status is lost
             log.warning("worker_exit_status_lost", pid=self.pid)
+            if self.attempt is not None:  # and when its group id was freed is unknown: no mark
+                self.attempt.group_held_ticks = held_before
         self.returncode = self._popen.returncode = code
         return code
 

@@ -154,6 +154,18 @@ async def test_a_reaped_leader_marks_its_group_held_just_before_the_reap(tmp_pat
             os.killpg(launched.pgid, signal.SIGKILL)
 
 
+async def test_a_leader_reaped_by_someone_else_leaves_no_mark(tmp_path: Path) -> None:
+    """When the leader was reaped behind the waiter's back, the moment its group id was freed
+    is unknown: the attempt vouches for no moment."""
+    launched = await processes.launch(["true"], tmp_path, {"PATH": os.environ["PATH"]}, tmp_path / "w.log", "tok")
+    record = attempt_for(launched.pid, launched.start_time)
+    launched.process.attempt = record
+    launched.release()
+    os.waitpid(launched.pid, 0)
+    assert await launched.process.wait() == 255
+    assert record.group_held_ticks is None
+
+
 async def test_a_legacy_record_without_start_time_is_closed_only_when_its_group_is_absent(
     sleeper: subprocess.Popen[bytes],
 ) -> None:
