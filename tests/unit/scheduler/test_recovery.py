@@ -5,6 +5,7 @@ every task; an answer starts a new revision."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -12,9 +13,12 @@ import uuid
 from pathlib import Path
 
 from libs.db import Database
+from libs.proctree import ProcStat, identity_matches, live_group_members, process_table
+from libs.settings import WorkerProfile
+from services.scheduler import subreaper
 from services.scheduler.domain import Failure, PendingOutcome, State, Task
 from services.scheduler.store import MIGRATIONS, SchedulerStore
-from tests.unit.scheduler.test_engine import group_alive, running, start_harness
+from tests.unit.scheduler.test_engine import Harness, group_alive, running, start_harness
 
 
 async def test_a_worker_that_reported_its_result_and_exited_before_the_crash_is_settled(tmp_path: Path) -> None:
@@ -47,6 +51,80 @@ async def test_a_worker_that_reported_its_result_and_exited_before_the_crash_is_
         assert len(attempts) == 1
     finally:
         await second.close()
+
+
+def _is_sleep_300(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00"
+    except OSError:
+        return False
+
+
+async def _worker_dies_while_no_scheduler_runs(tmp_path: Path, record_first: bool) -> tuple[Harness, Task, ProcStat]:
+    """Subreaper mode (the group is all that ties leftovers to the attempt): a worker whose child
+    lives in its group; (a supervisor pass records the child;) a crash; the worker dies and is
+    reaped while no scheduler runs (init would reap it). Returns the crashed incarnation, the
+    task and the child."""
+    workers = {"family": WorkerProfile(command=["sh", "-c", "sleep 0.2; sleep 300 & wait"])}
+    first = await start_harness(tmp_path, workers=workers, proof_mode="subreaper")
+    task = await running(first, "family")
+    _, attempts = await first.engine.get_task(task.task_id)
+    leader, pgid = attempts[-1].pid or -1, attempts[-1].pgid or -1
+    deadline = time.monotonic() + 15
+    while not (children := [m for m in live_group_members(process_table(), pgid) if _is_sleep_300(m.pid)]):
+        assert time.monotonic() < deadline, "the worker's child did not start"
+        await asyncio.sleep(0.02)
+    (child,) = children
+    if record_first:
+        await first.engine.supervise_once()
+        _, attempts = await first.engine.get_task(task.task_id)
+        assert (child.pid, child.start_time) in {(d.pid, d.start_time) for d in attempts[-1].descendants}
+    for pending in list(first.engine.runtime.background):
+        pending.cancel()
+    await first.host.server.stop(0)
+    await first.worker_server.stop(0)
+    first.sockets.close()
+    # Not a subreaper any more, as a dead scheduler is not: the child re-parents above this
+    # process (to init), never to the next incarnation, which therefore cannot attribute it.
+    subreaper.resign()
+    os.kill(leader, signal.SIGKILL)
+    os.waitpid(leader, 0)
+    return first, task, child
+
+
+async def test_a_recorded_child_left_by_a_worker_that_died_during_the_downtime_is_stopped(tmp_path: Path) -> None:
+    first, task, child = await _worker_dies_while_no_scheduler_runs(tmp_path, record_first=True)
+    try:
+        second = await start_harness(tmp_path, db=first.db, proof_mode="subreaper")
+        try:
+            assert not identity_matches(child.pid, child.start_time), "the recorded child is the attempt's: stopped"
+            recovered = await second.engine.store.get_task(task.task_id)
+            assert recovered.state == State.QUEUED and recovered.restart_resume is not None
+        finally:
+            await second.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+
+
+async def test_an_unrecorded_child_of_a_worker_that_died_during_the_downtime_is_named_not_signalled(
+    tmp_path: Path,
+) -> None:
+    """Nothing ties the leaderless group to the attempt: its id may have been reused while no
+    scheduler watched. Cgroup mode would find the child by its cgroup; here the task waits for
+    the operator."""
+    first, task, child = await _worker_dies_while_no_scheduler_runs(tmp_path, record_first=False)
+    try:
+        second = await start_harness(tmp_path, db=first.db, proof_mode="subreaper")
+        try:
+            assert identity_matches(child.pid, child.start_time), "a process not provably the attempt's was signalled"
+            recovered = await second.engine.store.get_task(task.task_id)
+            assert recovered.state == State.NEEDS_RECONCILIATION and recovered.failure is not None
+            assert str(child.pid) in recovered.failure.message and "may have been reused" in recovered.failure.message
+        finally:
+            await second.close()
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
 
 
 async def test_a_cancel_while_recovering_is_honoured_when_recovery_ends(tmp_path: Path) -> None:
