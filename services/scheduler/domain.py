@@ -235,9 +235,10 @@ class Attempt(BaseModel):
     # The scheduler host that launched it (only that host can signal or prove it).
     host_id: str | None = None
     # A moment (kernel boot-clock ticks, the unit of start times) at which the attempt's
-    # process group id was still its own: its exited leader not yet reaped. Once the leader
-    # is gone, live members of that group are the attempt's only if one of them started by
-    # then (or is a recorded descendant): a later group with that id may be a reused pid's.
+    # process group id was still its own: a process-table read that saw its leader, or the
+    # scheduler's reap of the exited leader. Once the leader is gone, live members of that
+    # group are the attempt's only if one of them started by then (or is a recorded
+    # descendant): a later group with that id may be a reused pid's.
     group_held_ticks: int | None = None
 
 

@@ -612,7 +612,8 @@ def tree_status(
         if leader is None and status.group and not _group_is_the_attempts(attempt, status.group):
             status.unsignallable = (
                 f"the group's leader (pid {attempt.pid}) is gone and no live member of group {attempt.pgid} "
-                "started while it was provably the attempt's: the group id may have been reused"
+                "started while it was provably the attempt's or is a recorded descendant: the group id may "
+                "have been reused"
             )
     for d in attempt.descendants:
         stat = table.get(d.pid)
