@@ -564,21 +564,35 @@ def _mark_if_leader_seen(attempt: Attempt, table: dict[int, proctree.ProcStat]) 
         mark_group_held(attempt, read_from)
 
 
-def _group_is_the_attempts(attempt: Attempt, members: Sequence[proctree.ProcStat]) -> bool:
-    """With the leader gone: are these live members of the attempt's group id its own?
+def _unproven_group(attempt: Attempt, members: Sequence[proctree.ProcStat]) -> str:
+    """With the leader gone: why these live members of the attempt's group id may not be its
+    own ("" when they provably are).
 
-    The kernel frees a pid only once no process has it as pid, group or session id, so a
-    group id held by a live process has been held continuously since that process started.
-    If the oldest member started while the id was provably the attempt's (by its leader's
-    last moment before the reap, or its start), every member joined the attempt's group; so
-    did the group of a live recorded descendant. Otherwise the attempt's group may have died
-    out and the id been reused by another program's group, whose members all started later.
+    Every attempt's leader starts its own session, so the attempt's group lives in a session
+    of the same id: a member in another session belongs to a group someone else made with
+    that id (a process may join a group of its own session at any time, so its start time
+    proves nothing). A member in that session got its session id at its fork (a process can
+    start a session, never join one) and has held the id since it started: the kernel frees a
+    pid only once no process has it as pid, group or session id. So if the oldest member
+    started while the id was provably the attempt's (the last moment its leader was seen or
+    reaped, or its start), or one member is a recorded descendant, they are all the attempt's;
+    otherwise the attempt's group may have died out and the id been reused by another program's
+    session, whose members all started later.
     """
+    if any(m.sid != attempt.pgid for m in members):
+        return (
+            f"the group's leader (pid {attempt.pid}) is gone and group {attempt.pgid} has members in another "
+            "session: another program's group with a reused id"
+        )
     held = max(attempt.group_held_ticks or 0, attempt.pid_start_time or 0)
-    if min(m.start_time for m in members) <= held:
-        return True
     recorded = {(d.pid, d.start_time) for d in attempt.descendants}
-    return any((m.pid, m.start_time) in recorded for m in members)
+    if min(m.start_time for m in members) <= held or any((m.pid, m.start_time) in recorded for m in members):
+        return ""
+    return (
+        f"the group's leader (pid {attempt.pid}) is gone and no live member of group {attempt.pgid} "
+        "started while it was provably the attempt's or is a recorded descendant: the group id may "
+        "have been reused"
+    )
 
 
 def tree_status(
@@ -609,12 +623,8 @@ def tree_status(
         status.group = [
             p for p in proctree.live_group_members(table, attempt.pgid) if p.start_time >= attempt.pid_start_time
         ]
-        if leader is None and status.group and not _group_is_the_attempts(attempt, status.group):
-            status.unsignallable = (
-                f"the group's leader (pid {attempt.pid}) is gone and no live member of group {attempt.pgid} "
-                "started while it was provably the attempt's or is a recorded descendant: the group id may "
-                "have been reused"
-            )
+        if leader is None and status.group:
+            status.unsignallable = _unproven_group(attempt, status.group)
     for d in attempt.descendants:
         stat = table.get(d.pid)
         if stat is not None and stat.alive and stat.start_time == d.start_time and stat.pgid != attempt.pgid:

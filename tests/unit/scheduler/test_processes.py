@@ -85,10 +85,13 @@ async def test_a_reused_pid_held_by_a_zombie_leaves_its_new_group_alone() -> Non
         leader.wait()
 
 
-def group_left_by_an_exited_leader() -> tuple[int, proctree.ProcStat]:
+def group_left_by_an_exited_leader(own_session: bool = True) -> tuple[int, proctree.ProcStat]:
     """A real group whose leader exited and was reaped, one member (``sleep 60``) living on:
-    (the group id, the member). The caller kills the group."""
-    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
+    (the group id, the member). The leader starts a session (as a worker's does), or only a
+    group in this process's session. The caller kills the group."""
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 60 & exit 0"], **({"start_new_session": True} if own_session else {"process_group": 0})
+    )
     leader.wait()
     deadline = time.monotonic() + 5
     while not (members := proctree.live_group_members(proctree.process_table(), leader.pid)):
@@ -113,6 +116,23 @@ async def test_a_group_whose_leader_is_gone_and_whose_members_all_came_later_is_
         assert proctree.identity_matches(member.pid, member.start_time), "another program's process was signalled"
         assert not status.gone and "may have been reused" in status.unsignallable
         assert [p.pid for p in status.group] == [member.pid]
+    finally:
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def test_a_leaderless_group_in_another_session_is_never_the_attempts() -> None:
+    """Every attempt's leader starts its own session. A group with the attempt's id whose
+    members are in another session was made by someone else after the pid's reuse — a process
+    may join it at any time, so even a member older than the attempt's held moment proves
+    nothing: nothing is signalled."""
+    pgid, member = group_left_by_an_exited_leader(own_session=False)
+    try:
+        assert member.sid != pgid
+        record = attempt_for(pgid, member.start_time - 50)
+        record.group_held_ticks = member.start_time + 100  # the start-time rule alone would take it
+        status = await processes.stop_tree(record, grace_s=0.2, confirm_s=0.2)
+        assert proctree.identity_matches(member.pid, member.start_time), "another program's process was signalled"
+        assert not status.gone and "another session" in status.unsignallable
     finally:
         os.killpg(pgid, signal.SIGKILL)
 
