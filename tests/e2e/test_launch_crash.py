@@ -72,15 +72,39 @@ def the_workers(leader: int, leader_start: int) -> list[proctree.ProcStat]:
     return found
 
 
+def recorded_descendants(stub: pb_grpc.SchedulerServiceStub, task_id: str) -> set[tuple[int, int]]:
+    attempt = stub.GetTask(pb.GetTaskRequest(task_id=task_id), timeout=10).task.attempts[0]
+    return {(d.pid, d.start_time) for d in attempt.descendants}
+
+
+def _gone_for_good(pid: int) -> bool:
+    """Reap ``pid`` if it is this process's child (a subreaper test runner inherits orphans);
+    True once no process, not even a zombie, has it."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return proctree.read_stat(pid) is None
+
+
 @pytest.mark.parametrize(
-    "mode",
+    ("mode", "leader_dies_meanwhile"),
     [
-        pytest.param("cgroup", marks=pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2")),
-        pytest.param("cgroup_v1", marks=pytest.mark.skipif(not cgroups_available((1,)), reason="no v1 freezer")),
-        "subreaper",
+        pytest.param(
+            "cgroup", False, marks=pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2")
+        ),
+        pytest.param(
+            "cgroup_v1", False, marks=pytest.mark.skipif(not cgroups_available((1,)), reason="no v1 freezer")
+        ),
+        ("subreaper", False),
+        # The worker's `sh` dies while no scheduler runs: its group has no leader any more, and
+        # only the children the supervisor recorded before the kill tie it to the attempt.
+        ("subreaper", True),
     ],
 )
-def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(tmp_path: Path, mode: str) -> None:
+def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
+    tmp_path: Path, mode: str, leader_dies_meanwhile: bool
+) -> None:
     config = tmp_path / "taskgate.toml"
     config.write_text(CONFIG.format(mode=mode, command=json.dumps(COMMANDS[mode])))
     addr = f"127.0.0.1:{free_port()}"
@@ -114,8 +138,22 @@ def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
                 assert time.monotonic() < deadline, "the released worker did not start its child"
                 time.sleep(0.02)
             assert stub.GetTask(pb.GetTaskRequest(task_id=task.task_id), timeout=10).task.state == pb.TASK_STATE_QUEUED
+            if leader_dies_meanwhile:
+                child = next(p for p in survivors if p.pid != leader)
+                deadline = time.monotonic() + 10
+                while (child.pid, child.start_time) not in recorded_descendants(stub, task.task_id):
+                    assert time.monotonic() < deadline, "the supervisor did not record the worker's child"
+                    time.sleep(0.05)
         first.kill()  # SIGKILL between the spawn and the `running` commit
         assert all(proctree.identity_matches(p.pid, p.start_time) for p in survivors), "the worker outlived it"
+        if leader_dies_meanwhile:
+            os.kill(leader, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while not _gone_for_good(leader):
+                assert time.monotonic() < deadline, "the killed leader was never reaped"
+                time.sleep(0.02)
+            survivors = [p for p in survivors if p.pid != leader]
+            assert proctree.live_group_members(proctree.process_table(), leader), "its group lives on without it"
 
         second = ServiceProcess(
             "services.scheduler", {**env, "TASKGATE_TASKS_FAULT_HOLD_LAUNCH_MS": "0"}, tmp_path / "second.log", addr
