@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import gc
 import os
 import signal
@@ -18,8 +19,10 @@ from libs.settings import Settings, SettingsError, load_settings
 from libs.thread_names import name_loop_threads
 
 
-def boot(service: str, environ: Mapping[str, str]) -> Settings:
-    """Validated settings with logging configured; exits naming each bad setting otherwise."""
+def boot(service: str, environ: Mapping[str, str], one_per_data_dir: bool = False) -> Settings:
+    """Validated settings with logging configured; exits naming each bad setting otherwise.
+    ``one_per_data_dir``: exits as well while another process of ``service`` runs on the same
+    data directory (see ``hold_data_dir``)."""
     try:
         settings = load_settings(environ)
         # Every process calls or serves internal gRPC: without the caller secrets it cannot start.
@@ -28,6 +31,12 @@ def boot(service: str, environ: Mapping[str, str]) -> Settings:
         sys.exit(f"{service}: {exc}")
     configure_logging(service, settings.log_level, settings.log_format)
     secure_data_dir(settings.data_dir)
+    if one_per_data_dir:
+        try:
+            hold_data_dir(settings.data_dir, service)
+        except DataDirInUse as exc:
+            get_logger(service).error("data_dir_in_use", error=str(exc))
+            sys.exit(f"{service}: {exc}")
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # a synchronous caller: no loop threads to name
@@ -35,6 +44,42 @@ def boot(service: str, environ: Mapping[str, str]) -> Settings:
     else:
         name_loop_threads(service)
     return settings
+
+
+class DataDirInUse(Exception):
+    """Another live process of the service holds the data directory."""
+
+
+# The lock files' descriptors, open for the life of the process.
+_HELD: dict[Path, int] = {}
+
+
+def hold_data_dir(data_dir: Path, service: str) -> None:
+    """Take ``<data dir>/<service>.lock`` (an exclusive ``flock``) for the life of this process, or
+    raise DataDirInUse naming the holder's pid. Two schedulers on one data directory would both
+    take its workers, cgroups and SQLite tasks for their own (on any database: recovery stops
+    what it finds); two notifiers would deliver each report twice; two pending registries would
+    split the live picks. The kernel drops the lock when the process dies, however (SIGKILL
+    too), so a restart never waits on a stale file; the descriptor is close-on-exec, so no
+    worker keeps it."""
+    path = data_dir / f"{service}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DataDirInUse(
+            f"another {service} process (pid {holder}) runs on the data directory {data_dir}; "
+            f"give each one its own TASKGATE_DATA_DIR"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    # The pid is for the message above; the lock, not the file's content, says who holds it.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[path] = fd
 
 
 def secure_data_dir(data_dir: Path) -> None:

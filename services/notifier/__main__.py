@@ -39,7 +39,7 @@ async def prune_loop(store: NotifierStore, settings: Settings, clock: SystemCloc
 
 async def main() -> None:
     stop = StopSignal.install()
-    settings = boot("notifier", os.environ)
+    settings = boot("notifier", os.environ, one_per_data_dir=True)
     db = Database(settings.db_url("notifier"), MIGRATIONS)
     await migrate(db)
     store = NotifierStore(db, settings.notifier.activity_retention_frames)

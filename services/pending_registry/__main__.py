@@ -13,7 +13,7 @@ from services.pending_registry.registry import PendingRegistry
 
 async def main() -> None:
     stop = StopSignal.install()
-    settings = boot("pending_registry", os.environ)
+    settings = boot("pending_registry", os.environ, one_per_data_dir=True)
     registry = PendingRegistry.open(settings.db_url("pending"))
     await migrate(registry.db)
     await registry.start()

@@ -31,7 +31,7 @@ log = structlog.get_logger("scheduler")
 
 async def main() -> None:
     stop = StopSignal.install()
-    settings = boot("scheduler", os.environ)
+    settings = boot("scheduler", os.environ, one_per_data_dir=True)
     db = Database(settings.db_url("scheduler"), MIGRATIONS, pg_settings=scheduler_pg_settings(settings.tasks.lease_ms))
     host_id = resolve_host_id(settings.scheduler_host_id, settings.data_dir)
     await migrate(db)

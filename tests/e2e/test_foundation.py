@@ -172,3 +172,28 @@ def test_every_service_serves_health_and_reflection(stack: Stack) -> None:
         assert services | {"grpc.health.v1.Health"} <= listed, name
         if name == "scheduler":
             assert "taskgate.scheduler.v1.WorkerService" not in listed, "workers have their own listener"
+
+
+def test_a_second_process_of_a_service_on_the_same_data_dir_exits_and_the_first_runs_on(stack: Stack) -> None:
+    """Another scheduler, notifier or pending registry on the running stack's data directory (own
+    port and no metrics, so nothing else stands in its way) exits at once naming the holder."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.procs import METRICS_OFF, REPO, free_port
+
+    for name, module, addr_env in [
+        ("scheduler", "services.scheduler", "TASKGATE_SCHEDULER_ADDR"),
+        ("notifier", "services.notifier", "TASKGATE_NOTIFIER_ADDR"),
+        ("pending_registry", "services.pending_registry", "TASKGATE_PENDING_ADDR"),
+    ]:
+        env = {**os.environ, **stack.env, **METRICS_OFF, addr_env: f"127.0.0.1:{free_port()}"}
+        second = subprocess.run(
+            [sys.executable, "-m", module], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 1, (name, second.stderr[-2000:])
+        assert f"{name}: another {name} process (pid " in second.stderr, second.stderr[-2000:]
+        assert str(stack.data_dir) in second.stderr
+    health = httpx.get(stack.http_url + "/healthz", timeout=10)
+    assert health.status_code == 200 and health.json()["status"] == "ok", health.text

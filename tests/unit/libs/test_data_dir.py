@@ -7,6 +7,7 @@ import pwd
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 
 from libs.db import Database
 from libs.startup import secure_data_dir
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def mode(path: Path) -> int:
@@ -67,3 +70,43 @@ def test_another_uid_can_neither_list_read_nor_write_it() -> None:
     finally:
         os.umask(previous)
         shutil.rmtree(outer)
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from libs.startup import hold_data_dir
+hold_data_dir(Path(sys.argv[1]), sys.argv[2])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_one_process_per_service_and_data_dir_and_a_killed_holder_frees_it(tmp_path: Path) -> None:
+    from libs import startup
+    from libs.startup import DataDirInUse, hold_data_dir
+
+    data = tmp_path / "var"
+    data.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(data), "scheduler"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(DataDirInUse, match=rf"another scheduler process \(pid {holder.pid}\) runs on"):
+            hold_data_dir(data, "scheduler")
+        hold_data_dir(data, "notifier")  # another service on the same directory
+        other = tmp_path / "other"
+        other.mkdir()
+        hold_data_dir(other, "scheduler")  # the same service on another directory
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of its own, the file stays behind
+        holder.wait()
+    try:
+        assert (data / "scheduler.lock").exists()
+        hold_data_dir(data, "scheduler")  # the kernel dropped the dead holder's lock
+        assert (data / "scheduler.lock").read_text() == f"{os.getpid()}\n"
+    finally:
+        for fd in startup._HELD.values():
+            os.close(fd)
+        startup._HELD.clear()
