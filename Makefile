@@ -82,6 +82,7 @@ proto-check: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy libs services gateway_http
 
 clean:

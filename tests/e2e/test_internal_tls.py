@@ -70,9 +70,9 @@ def test_plaintext_and_certificate_less_clients_are_refused(tls_stack: Stack) ->
     secret = (tls_stack.data_dir / "secrets" / "operator.secret").read_text().strip()
     metadata = (("authorization", f"Bearer {secret}"),)
     with grpc.insecure_channel(addr) as plain:
-        assert _code(
-            lambda: pb_grpc.SchedulerServiceStub(plain).ListTasks(request, timeout=5, metadata=metadata)
-        ) == (grpc.StatusCode.UNAVAILABLE)
+        assert _code(lambda: pb_grpc.SchedulerServiceStub(plain).ListTasks(request, timeout=5, metadata=metadata)) == (
+            grpc.StatusCode.UNAVAILABLE
+        )
     ca = Path(tls_stack.env["TASKGATE_TLS_CA_FILE"]).read_bytes()
     with grpc.secure_channel(addr, grpc.ssl_channel_credentials(root_certificates=ca)) as no_cert:
         assert _code(

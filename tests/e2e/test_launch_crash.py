@@ -90,12 +90,8 @@ def _gone_for_good(pid: int) -> bool:
 @pytest.mark.parametrize(
     ("mode", "leader_dies_meanwhile"),
     [
-        pytest.param(
-            "cgroup", False, marks=pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2")
-        ),
-        pytest.param(
-            "cgroup_v1", False, marks=pytest.mark.skipif(not cgroups_available((1,)), reason="no v1 freezer")
-        ),
+        pytest.param("cgroup", False, marks=pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2")),
+        pytest.param("cgroup_v1", False, marks=pytest.mark.skipif(not cgroups_available((1,)), reason="no v1 freezer")),
         ("subreaper", False),
         # The worker's `sh` dies while no scheduler runs: its group has no leader any more, and
         # only the children the supervisor recorded before the kill tie it to the attempt.

@@ -31,21 +31,42 @@ def attempts(question_id: str, task_id: str, victim: str) -> list[tuple[str, str
     pending = "taskgate.pending.v1.PendingRegistryService"
     scheduler = "taskgate.scheduler.v1.SchedulerService"
     return [
-        (pending, "AnswerQuestion", ppb.AnswerQuestionRequest(
-            task_id=task_id, question_id=question_id, answer="approved by myself", answered_by="me"
-        ), ppb.AnswerQuestionResponse),
+        (
+            pending,
+            "AnswerQuestion",
+            ppb.AnswerQuestionRequest(
+                task_id=task_id, question_id=question_id, answer="approved by myself", answered_by="me"
+            ),
+            ppb.AnswerQuestionResponse,
+        ),
         (pending, "Reply", ppb.ReplyRequest(entry_id="0" * 32, answer="yes"), ppb.ReplyResponse),
         (pending, "PickNext", ppb.PickNextRequest(prefix="", picker="worker"), ppb.PickNextResponse),
         (pending, "CancelQuestions", ppb.CancelQuestionsRequest(task_id=task_id), ppb.CancelQuestionsResponse),
-        (scheduler, "ListTasks", spb.ListTasksRequest(agent_id="agent-1", session_id="cli-e2e", page_size=5),
-         spb.ListTasksResponse),
+        (
+            scheduler,
+            "ListTasks",
+            spb.ListTasksRequest(agent_id="agent-1", session_id="cli-e2e", page_size=5),
+            spb.ListTasksResponse,
+        ),
         (scheduler, "CancelTask", spb.CancelTaskRequest(task_id=victim), spb.CancelTaskResponse),
-        (scheduler, "CreateTask", spb.CreateTaskRequest(agent_id="agent-1", session_id="cli-e2e", title="mine"),
-         spb.CreateTaskResponse),
-        ("taskgate.telemetry.v1.TelemetryAgentService", "ListWatches", tpb.ListWatchesRequest(),
-         tpb.ListWatchesResponse),
-        ("taskgate.notifier.v1.NotifierService", "ListMessages",
-         npb.ListMessagesRequest(agent_id="agent-1", session_id="cli-e2e"), npb.ListMessagesResponse),
+        (
+            scheduler,
+            "CreateTask",
+            spb.CreateTaskRequest(agent_id="agent-1", session_id="cli-e2e", title="mine"),
+            spb.CreateTaskResponse,
+        ),
+        (
+            "taskgate.telemetry.v1.TelemetryAgentService",
+            "ListWatches",
+            tpb.ListWatchesRequest(),
+            tpb.ListWatchesResponse,
+        ),
+        (
+            "taskgate.notifier.v1.NotifierService",
+            "ListMessages",
+            npb.ListMessagesRequest(agent_id="agent-1", session_id="cli-e2e"),
+            npb.ListMessagesResponse,
+        ),
     ]
 
 
