@@ -37,6 +37,8 @@ def boot(service: str, environ: Mapping[str, str], one_per_data_dir: bool = Fals
         except DataDirInUse as exc:
             get_logger(service).error("data_dir_in_use", error=str(exc))
             sys.exit(f"{service}: {exc}")
+        except OSError as exc:  # e.g. a read-only data directory, or the lock file is a symlink
+            sys.exit(f"{service}: cannot lock {settings.data_dir / (service + '.lock')}: {exc}")
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # a synchronous caller: no loop threads to name

@@ -110,3 +110,16 @@ def test_one_process_per_service_and_data_dir_and_a_killed_holder_frees_it(tmp_p
         for fd in startup._HELD.values():
             os.close(fd)
         startup._HELD.clear()
+
+
+def test_a_lock_file_planted_as_a_symlink_is_refused_and_its_target_left_alone(tmp_path: Path) -> None:
+    from libs.startup import hold_data_dir
+
+    data = tmp_path / "var"
+    data.mkdir()
+    target = tmp_path / "precious.db"
+    target.write_text("not to be truncated")
+    (data / "notifier.lock").symlink_to(target)
+    with pytest.raises(OSError):
+        hold_data_dir(data, "notifier")
+    assert target.read_text() == "not to be truncated"
