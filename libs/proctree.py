@@ -7,7 +7,9 @@ recorded is another process, whatever its number.
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
 import time
 from collections import defaultdict
 from typing import NamedTuple
@@ -74,6 +76,40 @@ def boot_ticks() -> int:
 def identity_matches(pid: int, start_time: int) -> bool:
     """True while ``pid`` is alive and is still the process started at ``start_time``."""
     return start_time_of(pid) == start_time
+
+
+# pidfd_send_signal's flag for the process group the target leads (Linux 6.9).
+PIDFD_SIGNAL_PROCESS_GROUP = 1 << 2
+
+
+def signal_identified(pid: int, start_time: int, sig: int, group: bool = False) -> bool:
+    """Signal the process started at ``start_time`` — with ``group``, the process group it
+    leads —, never whatever else holds ``pid`` by then; False when it is gone or ``pid`` is
+    another process's. A check followed by ``os.kill(pid)`` hits a new holder if the process
+    dies and its pid is reused in between; here a pidfd is opened first and the start time
+    read after it, so the pidfd is that very process, and a signal through it reaches it or
+    nothing. With ``group`` the kernel signals the group of that process (not of the number)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if start_time_of(pid) != start_time:
+            return False  # gone (a zombie too), or the pid was another process's at the open
+        if not group:
+            signal.pidfd_send_signal(fd, sig)
+            return True
+        try:
+            signal.pidfd_send_signal(fd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            os.killpg(pid, sig)  # kernel before 6.9: by number, the window this closes elsewhere
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class ProcessTable(dict[int, ProcStat]):

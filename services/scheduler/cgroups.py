@@ -196,15 +196,32 @@ def populated(path: Path) -> bool:
 
 
 def signal_all(path: Path, sig: signal.Signals) -> None:
-    """Signal every member: they are the attempt's by being in its cgroup."""
+    """Signal every member: they are the attempt's by being in its cgroup.
+
+    A member read from ``cgroup.procs`` may exit and its pid be reused before the kill: each
+    is pinned with a pidfd first, and signalled only if its pid is still listed in a read that
+    began after the pin — then the pinned process held it (a pidfd outlives its process, but
+    not the pid) and was in the cgroup, and the signal goes to it alone."""
     me = os.getpid()
-    for pid in members(path):
-        if pid == me:
-            continue
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    pinned: list[tuple[int, int]] = []
+    try:
+        for pid in members(path):
+            if pid == me:
+                continue
+            try:
+                pinned.append((pid, os.pidfd_open(pid)))
+            except ProcessLookupError:
+                pass
+        still = set(members(path)) if pinned else set()
+        for pid, fd in pinned:
+            if pid in still:
+                try:
+                    signal.pidfd_send_signal(fd, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+    finally:
+        for _, fd in pinned:
+            os.close(fd)
 
 
 def kill(path: Path, has_kill: bool) -> None:

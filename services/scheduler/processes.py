@@ -637,28 +637,24 @@ def signal_group(attempt: Attempt, status: TreeStatus, sig: signal.Signals) -> N
     """Signal what is provably the attempt's: its group, its recorded descendants, its cgroup."""
     if attempt.cgroup and status.in_cgroup:
         cgroups.signal_all(Path(attempt.cgroup), sig)
+    # Each by identity (proctree.signal_identified): a pid freed and reused since the read
+    # is not hit.
     for stat in status.escaped:
-        # Recorded as the attempt's, and still the same process: it may be signalled.
-        if proctree.identity_matches(stat.pid, stat.start_time):
-            try:
-                os.kill(stat.pid, sig)
-            except ProcessLookupError:
-                pass
+        # Recorded as the attempt's: signalled while it is still that process.
+        proctree.signal_identified(stat.pid, stat.start_time, sig)
     if status.unsignallable or not status.group or attempt.pgid is None:
         return
     leader_alive = any(p.pid == attempt.pid for p in status.group)
-    try:
-        if leader_alive and proctree.identity_matches(attempt.pid or -1, attempt.pid_start_time or -1):
-            os.killpg(attempt.pgid, sig)
-            return
-    except ProcessLookupError:
+    if (
+        leader_alive
+        and attempt.pid is not None
+        and attempt.pid_start_time is not None
+        and proctree.signal_identified(attempt.pid, attempt.pid_start_time, sig, group=True)
+    ):
         return
+    # The leader is gone (or went just now): the members the read showed, one by one.
     for member in status.group:
-        if proctree.identity_matches(member.pid, member.start_time):
-            try:
-                os.kill(member.pid, sig)
-            except ProcessLookupError:
-                pass
+        proctree.signal_identified(member.pid, member.start_time, sig)
 
 
 # Given a table, the orphans that may be the attempt's but fit several attempts

@@ -410,3 +410,152 @@ def test_a_command_found_once_is_checked_again_and_a_removed_one_fails_the_launc
     assert not processes._executable("mytool", path), "the cached find is not trusted blindly"
     with pytest.raises(FileNotFoundError):
         processes._prepare(tmp_path, tmp_path / "x.log", "mytool", path, None)
+
+
+NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
+
+
+def take_pid(pid: int, after_tick: int) -> subprocess.Popen[bytes] | None:
+    """A new process (its own session, ``sleep 60``) with ``pid``, freed just before: the next
+    pid handed out is set to it through ``ns_last_pid``; None if another fork won it each time.
+    It starts after ``after_tick`` (the freed pid's start time): a pid reused within the same
+    clock tick would carry the same start time — which takes a pid-space wrap in that tick
+    outside a test like this one."""
+    while proctree.boot_ticks() <= after_tick + 1:
+        time.sleep(0.005)
+    for _ in range(50):
+        NS_LAST_PID.write_text(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def reuse_after_first_look(monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes]) -> list[Any]:
+    """From the first time the victim's identity is read on, its pid belongs to a new process:
+    the victim is killed and reaped right after that read, and its pid taken (the list gets the
+    new process, or the test is skipped if it cannot be had)."""
+    real = proctree.start_time_of
+    taken: list[Any] = []
+
+    def start_time_of(pid: int) -> int | None:
+        seen = real(pid)
+        if pid == victim.pid and not taken:
+            victim.kill()
+            victim.wait()
+            taken.append(take_pid(pid, seen or 0))
+            if taken[0] is None:
+                pytest.skip("another process took the freed pid each time")
+        return seen
+
+    monkeypatch.setattr(proctree, "start_time_of", start_time_of)
+    return taken
+
+
+needs_ns_last_pid = pytest.mark.skipif(
+    not os.access(NS_LAST_PID, os.W_OK), reason="needs a writable /proc/sys/kernel/ns_last_pid (root)"
+)
+
+
+@needs_ns_last_pid
+@pytest.mark.parametrize("as_leader", [True, False])
+def test_a_pid_reused_between_the_identity_check_and_the_signal_is_not_hit(
+    monkeypatch: pytest.MonkeyPatch, as_leader: bool
+) -> None:
+    """A real pid reuse in the window between confirming a process's identity and signalling
+    it: the new holder of the pid (another program's session leader) lives on. As the
+    attempt's leader, the group is signalled; as a recorded descendant outside it, the process."""
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    stat = proctree.read_stat(victim.pid)
+    assert stat is not None
+    if as_leader:
+        attempt = attempt_for(victim.pid, stat.start_time)
+        status = processes.TreeStatus(group=[stat])
+    else:
+        attempt = attempt_for(os.getpid() + 4_000_000, 1)  # a leader that is gone
+        status = processes.TreeStatus(escaped=[stat])
+    taken = reuse_after_first_look(monkeypatch, victim)
+    try:
+        processes.signal_group(attempt, status, signal.SIGTERM)
+        assert taken and taken[0].pid == stat.pid, "the pid was not reused in the window"
+        time.sleep(0.2)
+        assert taken[0].poll() is None, "the new holder of the pid was signalled"
+    finally:
+        for proc in (*taken, victim):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@needs_ns_last_pid
+def test_a_cgroup_member_whose_pid_is_reused_before_the_kill_is_not_hit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``signal_all`` read a member, which then exits and its pid goes to a process outside the
+    cgroup: that process is not signalled (a member still listed is)."""
+    from services.scheduler import cgroups
+
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    member = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    victim_start = proctree.start_time_of(victim.pid) or 0
+    in_cgroup = [victim.pid, member.pid]
+    taken: list[Any] = []
+
+    def members(path: Path) -> list[int]:
+        listed = list(in_cgroup)
+        if not taken:  # right after the first read: the victim exits, its pid goes to an outsider
+            victim.kill()
+            victim.wait()
+            in_cgroup.remove(victim.pid)
+            taken.append(take_pid(victim.pid, victim_start))
+            if taken[0] is None:
+                pytest.skip("another process took the freed pid each time")
+        return listed
+
+    monkeypatch.setattr(cgroups, "members", members)
+    try:
+        cgroups.signal_all(Path("/nonexistent-cgroup"), signal.SIGTERM)
+        assert member.wait(timeout=5) == -signal.SIGTERM, "a listed member was not signalled"
+        time.sleep(0.2)
+        assert taken[0].poll() is None, "the new holder of the pid was signalled"
+    finally:
+        for proc in (*taken, victim, member):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_kernel_without_group_signals_through_a_pidfd_still_gets_the_group_signalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before Linux 6.9 ``pidfd_send_signal`` refuses PIDFD_SIGNAL_PROCESS_GROUP (EINVAL): the
+    leader, checked through its pidfd, has its group signalled by number as before."""
+    import errno
+
+    real = signal.pidfd_send_signal
+
+    def without_group_flag(fd: int, sig: int, siginfo: Any = None, flags: int = 0) -> None:
+        if flags:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(fd, sig, siginfo, flags)
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", without_group_flag)
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(members := proctree.live_group_members(proctree.process_table(), leader.pid)) < 2:
+            assert time.monotonic() < deadline, "the shell's child did not show"
+            time.sleep(0.01)
+        start = proctree.start_time_of(leader.pid)
+        assert start is not None
+        assert proctree.signal_identified(leader.pid, start, signal.SIGTERM, group=True)
+        assert leader.wait(timeout=5) == -signal.SIGTERM
+        child = next(m for m in members if m.pid != leader.pid)
+        deadline = time.monotonic() + 5
+        while proctree.identity_matches(child.pid, child.start_time):
+            assert time.monotonic() < deadline, "the group's other member was not signalled"
+            time.sleep(0.01)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
