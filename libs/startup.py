@@ -49,7 +49,12 @@ def boot(service: str, environ: Mapping[str, str], one_per_data_dir: bool = Fals
 
 
 class DataDirInUse(Exception):
-    """Another live process of the service holds the data directory."""
+    """Another live process of the service holds the data directory (``holder``: its pid as
+    its lock file says, or "unknown")."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 # The lock files' descriptors, open for the life of the process.
@@ -73,7 +78,8 @@ def hold_data_dir(data_dir: Path, service: str) -> None:
         os.close(fd)
         raise DataDirInUse(
             f"another {service} process (pid {holder}) runs on the data directory {data_dir}; "
-            f"give each one its own TASKGATE_DATA_DIR"
+            f"give each one its own TASKGATE_DATA_DIR",
+            holder,
         ) from None
     except BaseException:
         os.close(fd)

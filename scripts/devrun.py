@@ -1,5 +1,6 @@
 """`make run`: start all five taskgate processes, prefix their logs, keep them up.
 
+A second run on the same data directory exits 1 before starting anything.
 A service that dies is restarted after a backoff (0.25 s, doubling, at most 4 s;
 back to 0.25 s once it has stayed up for 30 s), with a log line each time. A
 service that dies 5 times within 60 s keeps dying: everything is stopped and
@@ -23,6 +24,7 @@ import httpx
 
 from libs.internal_auth import ensure_secrets
 from libs.settings import SettingsError, load_settings
+from libs.startup import DataDirInUse, hold_data_dir
 
 REPO = Path(__file__).resolve().parent.parent
 PROCESSES = [
@@ -130,6 +132,16 @@ def main() -> int:
     except SettingsError as exc:
         _say(str(exc))
         return 2
+    # A second `make run` on the same data directory would start services that each refuse it
+    # (see hold_data_dir) and restart them until it gives up: say so once, before starting any.
+    try:
+        hold_data_dir(settings.data_dir, "run")
+    except DataDirInUse as exc:
+        _say(
+            f"`make run` is already running on {settings.data_dir} (pid {exc.holder}): stop it first, "
+            "or give this one another TASKGATE_DATA_DIR"
+        )
+        return 1
     # The internal gRPC caller secrets, made once (0600) and reused on every run.
     created = ensure_secrets(settings.secrets_path)
     if created:

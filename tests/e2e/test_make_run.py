@@ -148,3 +148,26 @@ def test_a_service_whose_output_is_gone_still_stops_on_sigterm(tmp_path: Path) -
             proc.kill()
             proc.wait()
             raise AssertionError("the service ignored SIGTERM once its output was gone")
+
+
+def test_a_second_run_on_the_same_data_dir_exits_at_once_and_the_first_runs_on(tmp_path: Path) -> None:
+    proc, url, env = start_devrun(tmp_path)
+    try:
+        wait_until_up(proc, url)
+        second = subprocess.run(
+            [sys.executable, "scripts/devrun.py"],
+            cwd=REPO,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert second.returncode == 1, second.stderr
+        assert f"`make run` is already running on {env['TASKGATE_DATA_DIR']} (pid {proc.pid})" in second.stderr
+        assert "scheduler |" not in second.stdout, "the second run started services"
+        assert len(service_children(proc)) == 5
+        assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_tree(proc)
