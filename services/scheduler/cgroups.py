@@ -195,24 +195,34 @@ def populated(path: Path) -> bool:
     return bool(members(path))
 
 
+# Members pinned with a pidfd at a time (a fork bomb's thousands must not exhaust descriptors).
+PIN_BATCH = 64
+
+
 def signal_all(path: Path, sig: signal.Signals) -> None:
     """Signal every member: they are the attempt's by being in its cgroup.
 
     A member read from ``cgroup.procs`` may exit and its pid be reused before the kill: each
-    is pinned with a pidfd first, and signalled only if its pid is still listed in a read that
-    began after the pin — then the pinned process held it (a pidfd outlives its process, but
-    not the pid) and was in the cgroup, and the signal goes to it alone."""
+    is pinned with a pidfd first and signalled only if a read made after the pin still lists
+    its pid. A pinned process still alive then is the one listed (a live process keeps its
+    pid); one that died meanwhile gets nothing (a pidfd never follows its pid to a new holder)."""
     me = os.getpid()
+    listed = [pid for pid in members(path) if pid != me]
+    for start in range(0, len(listed), PIN_BATCH):
+        _signal_pinned(path, listed[start : start + PIN_BATCH], sig)
+
+
+def _signal_pinned(path: Path, pids: list[int], sig: signal.Signals) -> None:
     pinned: list[tuple[int, int]] = []
     try:
-        for pid in members(path):
-            if pid == me:
-                continue
+        for pid in pids:
             try:
                 pinned.append((pid, os.pidfd_open(pid)))
             except ProcessLookupError:
                 pass
-        still = set(members(path)) if pinned else set()
+        if not pinned:
+            return
+        still = set(members(path))
         for pid, fd in pinned:
             if pid in still:
                 try:

@@ -559,3 +559,20 @@ def test_a_kernel_without_group_signals_through_a_pidfd_still_gets_the_group_sig
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
         leader.wait()
+
+
+def test_a_cgroup_with_more_members_than_one_pin_batch_has_every_member_signalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.scheduler import cgroups
+
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(cgroups.PIN_BATCH + 6)]
+    monkeypatch.setattr(cgroups, "members", lambda path: [p.pid for p in procs if p.poll() is None])
+    try:
+        cgroups.signal_all(Path("/nonexistent-cgroup"), signal.SIGTERM)
+        assert [p.wait(timeout=5) for p in procs] == [-signal.SIGTERM] * len(procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
