@@ -310,6 +310,10 @@ class ServiceHost:
         await self.server.stop(grace)
 
 
+class ListenFailed(RuntimeError):
+    """The server's address could not be bound."""
+
+
 async def start_server(
     addr: str,
     registrars: Iterable[Registrar],
@@ -337,17 +341,20 @@ async def start_server(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
         server,
     )
-    if security.certificate_chain is not None and security.private_key is not None:
-        credentials = grpc.ssl_server_credentials(
-            [(security.private_key, security.certificate_chain)],
-            root_certificates=security.client_ca,
-            require_client_auth=security.client_ca is not None,
-        )
-        port = server.add_secure_port(addr, credentials)
-    else:
-        port = server.add_insecure_port(addr)
+    try:
+        if security.certificate_chain is not None and security.private_key is not None:
+            credentials = grpc.ssl_server_credentials(
+                [(security.private_key, security.certificate_chain)],
+                root_certificates=security.client_ca,
+                require_client_auth=security.client_ca is not None,
+            )
+            port = server.add_secure_port(addr, credentials)
+        else:
+            port = server.add_insecure_port(addr)
+    except RuntimeError:  # grpcio raises "Failed to bind" where older versions returned 0
+        port = 0
     if port == 0:
-        raise RuntimeError(f"cannot listen on {addr}")
+        raise ListenFailed(f"cannot listen on {addr} (in use, or not an address of this host)")
     await server.start()
     host = ServiceHost(server, health, port, names)
     for name in ["", *names]:
@@ -378,9 +385,17 @@ async def serve(
     ``process``: this service is the whole process (its ``__main__``), so once started its
     heap is settled (``libs.startup.settle_heap``); an in-process server in a test is not.
     """
-    metrics = MetricsEndpoint.start(settings.metrics_host, metrics_port)
+    # A port that cannot be had ends the process with one line, not a traceback.
+    try:
+        metrics = MetricsEndpoint.start(settings.metrics_host, metrics_port)
+    except OSError as exc:
+        raise SystemExit(
+            f"cannot serve metrics on {settings.metrics_host}:{metrics_port}: {exc.strerror or exc}"
+        ) from None
     try:
         await _serve(addr, settings, stop, registrars, service_names, on_started, on_stopping, grace, process)
+    except ListenFailed as exc:
+        raise SystemExit(str(exc)) from None
     finally:
         if metrics is not None:
             await metrics.stop()

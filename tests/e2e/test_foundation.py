@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 
@@ -197,3 +198,39 @@ def test_a_second_process_of_a_service_on_the_same_data_dir_exits_and_the_first_
         assert str(stack.data_dir) in second.stderr
     health = httpx.get(stack.http_url + "/healthz", timeout=10)
     assert health.status_code == 200 and health.json()["status"] == "ok", health.text
+
+
+def test_a_port_already_taken_ends_the_service_with_one_line_not_a_traceback(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from libs.internal_auth import ensure_secrets
+    from libs.settings import load_settings
+    from tests.support.procs import METRICS_OFF, REPO, free_port
+    from tests.support.stack import make_stack
+
+    env = {**os.environ, **make_stack(tmp_path / "unstarted").env, **METRICS_OFF}
+    ensure_secrets(load_settings(env).secrets_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for override, says in [
+            ({"TASKGATE_PENDING_ADDR": f"127.0.0.1:{port}"}, f"cannot listen on 127.0.0.1:{port}"),
+            (
+                {"TASKGATE_PENDING_ADDR": f"127.0.0.1:{free_port()}", "TASKGATE_PENDING_METRICS_PORT": str(port)},
+                f"cannot serve metrics on 127.0.0.1:{port}: Address already in use",
+            ),
+        ]:
+            run = subprocess.run(
+                [sys.executable, "-m", "services.pending_registry"],
+                cwd=REPO,
+                env={**env, **override},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert run.returncode == 1, run.stderr[-2000:]
+            assert says in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]
