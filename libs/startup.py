@@ -49,27 +49,50 @@ def boot(service: str, environ: Mapping[str, str], one_per_data_dir: bool = Fals
 
 
 class DataDirInUse(Exception):
-    """Another live process of the service holds the data directory (``holder``: its pid as
-    its lock file says, or "unknown")."""
+    """Another live process of the service holds the folder (``holder``: its pid as its lock
+    file says, or "unknown")."""
 
     def __init__(self, message: str, holder: str) -> None:
         super().__init__(message)
         self.holder = holder
 
 
-# The lock files' descriptors, open for the life of the process.
-_HELD: dict[Path, int] = {}
+class FolderLock:
+    """An exclusive ``flock`` on ``<folder>/<name>.lock``, held until ``release`` or the
+    process's death."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# The data-directory locks taken at boot: held for the life of the process.
+_HELD: list[FolderLock] = []
 
 
 def hold_data_dir(data_dir: Path, service: str) -> None:
-    """Take ``<data dir>/<service>.lock`` (an exclusive ``flock``) for the life of this process, or
-    raise DataDirInUse naming the holder's pid. Two schedulers on one data directory would both
-    take its workers, cgroups and SQLite tasks for their own (on any database: recovery stops
-    what it finds); two notifiers would deliver each report twice; two pending registries would
-    split the live picks. The kernel drops the lock when the process dies, however (SIGKILL
-    too), so a restart never waits on a stale file; the descriptor is close-on-exec, so no
-    worker keeps it."""
-    path = data_dir / f"{service}.lock"
+    """Take ``<data dir>/<service>.lock`` for the life of this process, or raise DataDirInUse
+    naming the holder's pid. Two schedulers on one data directory would both take its workers,
+    cgroups and SQLite tasks for their own (on any database: recovery stops what it finds); two
+    notifiers would deliver each report twice; two pending registries would split the live
+    picks."""
+    _HELD.append(hold_folder(data_dir, service))
+
+
+def hold_folder(
+    folder: Path, name: str, what: str = "the data directory", setting: str = "TASKGATE_DATA_DIR"
+) -> FolderLock:
+    """Take ``<folder>/<name>.lock`` (an exclusive ``flock``), or raise DataDirInUse naming the
+    holder's pid, ``what`` the folder is and the ``setting`` that gives each process its own.
+    The kernel drops the lock when the process dies, however (SIGKILL too), so a restart never
+    waits on a stale file; the descriptor is close-on-exec, so no worker keeps it, and a lock
+    file planted as a symlink is refused (O_NOFOLLOW) rather than followed."""
+    path = folder / f"{name}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -77,8 +100,7 @@ def hold_data_dir(data_dir: Path, service: str) -> None:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         raise DataDirInUse(
-            f"another {service} process (pid {holder}) runs on the data directory {data_dir}; "
-            f"give each one its own TASKGATE_DATA_DIR",
+            f"another {name} process (pid {holder}) runs on {what} {folder}; give each one its own {setting}",
             holder,
         ) from None
     except BaseException:
@@ -87,7 +109,7 @@ def hold_data_dir(data_dir: Path, service: str) -> None:
     # The pid is for the message above; the lock, not the file's content, says who holds it.
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _HELD[path] = fd
+    return FolderLock(path, fd)
 
 
 def secure_data_dir(data_dir: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 
 import grpc
 import structlog
@@ -12,7 +13,7 @@ from libs.db import Database
 from libs.grpc_client import ClientSecurity
 from libs.grpc_server import serve
 from libs.metrics import register_scrape_gauge
-from libs.startup import StopSignal, boot, migrate
+from libs.startup import DataDirInUse, StopSignal, boot, migrate
 from services.scheduler.cron_servicer import CronServicer
 from services.scheduler.cron_store import MIGRATIONS
 from services.scheduler.domain import State
@@ -49,7 +50,11 @@ async def main() -> None:
         failure_reports=failure_reports,
     )
     # Workers reach only this listener (Unix sockets), never the SchedulerService port.
-    sockets = WorkerSockets(settings.worker_socket_dir, engine.worker_uids())
+    try:
+        sockets = WorkerSockets(settings.worker_socket_dir, engine.worker_uids())
+    except DataDirInUse as exc:
+        db.close()
+        sys.exit(f"scheduler: {exc}")
     engine.worker_addr = sockets.addr_for
     worker_server: grpc.aio.Server | None = None
 

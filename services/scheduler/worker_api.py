@@ -17,16 +17,21 @@ from pathlib import Path
 import grpc
 
 from libs.grpc_server import ServiceInterceptor
+from libs.startup import FolderLock, hold_folder
 
 SOCKET_NAME = "worker.sock"
 
 
 class WorkerSockets:
     def __init__(self, configured_dir: str, uids: Iterable[int]) -> None:
+        self._lock: FolderLock | None = None
         if configured_dir:
             self.root = Path(configured_dir).resolve()
             self.root.mkdir(parents=True, exist_ok=True)
             self._owned_root = False
+            # A second scheduler on this folder would unlink our sockets and take our workers'
+            # calls: DataDirInUse instead.
+            self._lock = hold_folder(self.root, "scheduler", "the worker socket folder", "TASKGATE_WORKER_SOCKET_DIR")
         else:
             self.root = Path(tempfile.mkdtemp(prefix="taskgate-workers-"))
             self._owned_root = True
@@ -59,6 +64,8 @@ class WorkerSockets:
             self.path_for(uid).unlink(missing_ok=True)
         if self._owned_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._lock is not None:
+            self._lock.release()
 
 
 async def start_worker_server(register: Callable[[grpc.aio.Server], None], sockets: WorkerSockets) -> grpc.aio.Server:

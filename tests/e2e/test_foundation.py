@@ -177,7 +177,8 @@ def test_every_service_serves_health_and_reflection(stack: Stack) -> None:
 
 def test_a_second_process_of_a_service_on_the_same_data_dir_exits_and_the_first_runs_on(stack: Stack) -> None:
     """Another scheduler, notifier or pending registry on the running stack's data directory (own
-    port and no metrics, so nothing else stands in its way) exits at once naming the holder."""
+    port and no metrics, so nothing else stands in its way) exits at once naming the holder; so
+    does another scheduler on the running one's worker socket folder."""
     import os
     import subprocess
     import sys
@@ -196,6 +197,27 @@ def test_a_second_process_of_a_service_on_the_same_data_dir_exits_and_the_first_
         assert second.returncode == 1, (name, second.stderr[-2000:])
         assert f"{name}: another {name} process (pid " in second.stderr, second.stderr[-2000:]
         assert str(stack.data_dir) in second.stderr
+    # Its own data directory but the running scheduler's worker socket folder: it would unlink
+    # that scheduler's sockets and take its workers' calls.
+    own = {
+        "TASKGATE_DATA_DIR": str(stack.data_dir / "another"),
+        "TASKGATE_SECRETS_DIR": str(stack.data_dir / "secrets"),
+        "TASKGATE_SCHEDULER_ADDR": f"127.0.0.1:{free_port()}",
+    }
+    second = subprocess.run(
+        [sys.executable, "-m", "services.scheduler"],
+        cwd=REPO,
+        env={**os.environ, **stack.env, **METRICS_OFF, **own},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    folder = stack.env["TASKGATE_WORKER_SOCKET_DIR"]
+    assert second.returncode == 1, second.stderr[-2000:]
+    assert f"another scheduler process (pid {stack.procs['scheduler'].proc.pid}) runs on the worker socket folder" in (
+        second.stderr
+    ), second.stderr[-2000:]
+    assert list(Path(folder).glob("*/worker.sock")), "the running scheduler's worker socket is gone"
     health = httpx.get(stack.http_url + "/healthz", timeout=10)
     assert health.status_code == 200 and health.json()["status"] == "ok", health.text
 

@@ -107,8 +107,8 @@ def test_one_process_per_service_and_data_dir_and_a_killed_holder_frees_it(tmp_p
         hold_data_dir(data, "scheduler")  # the kernel dropped the dead holder's lock
         assert (data / "scheduler.lock").read_text() == f"{os.getpid()}\n"
     finally:
-        for fd in startup._HELD.values():
-            os.close(fd)
+        for lock in startup._HELD:
+            lock.release()
         startup._HELD.clear()
 
 
