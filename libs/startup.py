@@ -34,7 +34,7 @@ def boot(service: str, environ: Mapping[str, str], one_per_data_dir: bool = Fals
     if one_per_data_dir:
         try:
             hold_data_dir(settings.data_dir, service)
-        except DataDirInUse as exc:
+        except FolderInUse as exc:
             get_logger(service).error("data_dir_in_use", error=str(exc))
             sys.exit(f"{service}: {exc}")
         except OSError as exc:  # e.g. a read-only data directory, or the lock file is a symlink
@@ -48,7 +48,7 @@ def boot(service: str, environ: Mapping[str, str], one_per_data_dir: bool = Fals
     return settings
 
 
-class DataDirInUse(Exception):
+class FolderInUse(Exception):
     """Another live process of the service holds the folder (``holder``: its pid as its lock
     file says, or "unknown")."""
 
@@ -76,7 +76,7 @@ _HELD: list[FolderLock] = []
 
 
 def hold_data_dir(data_dir: Path, service: str) -> None:
-    """Take ``<data dir>/<service>.lock`` for the life of this process, or raise DataDirInUse
+    """Take ``<data dir>/<service>.lock`` for the life of this process, or raise FolderInUse
     naming the holder's pid. Two schedulers on one data directory would both take its workers,
     cgroups and SQLite tasks for their own (on any database: recovery stops what it finds); two
     notifiers would deliver each report twice; two pending registries would split the live
@@ -87,7 +87,7 @@ def hold_data_dir(data_dir: Path, service: str) -> None:
 def hold_folder(
     folder: Path, name: str, what: str = "the data directory", setting: str = "TASKGATE_DATA_DIR"
 ) -> FolderLock:
-    """Take ``<folder>/<name>.lock`` (an exclusive ``flock``), or raise DataDirInUse naming the
+    """Take ``<folder>/<name>.lock`` (an exclusive ``flock``), or raise FolderInUse naming the
     holder's pid, ``what`` the folder is and the ``setting`` that gives each process its own.
     The kernel drops the lock when the process dies, however (SIGKILL too), so a restart never
     waits on a stale file; the descriptor is close-on-exec, so no worker keeps it, and a lock
@@ -99,7 +99,7 @@ def hold_folder(
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise DataDirInUse(
+        raise FolderInUse(
             f"another {name} process (pid {holder}) runs on {what} {folder}; give each one its own {setting}",
             holder,
         ) from None

@@ -24,7 +24,7 @@ import httpx
 
 from libs.internal_auth import ensure_secrets
 from libs.settings import SettingsError, load_settings
-from libs.startup import DataDirInUse, hold_data_dir
+from libs.startup import FolderInUse, hold_data_dir
 
 REPO = Path(__file__).resolve().parent.parent
 PROCESSES = [
@@ -136,7 +136,7 @@ def main() -> int:
     # (see hold_data_dir) and restart them until it gives up: say so once, before starting any.
     try:
         hold_data_dir(settings.data_dir, "run")
-    except DataDirInUse as exc:
+    except FolderInUse as exc:
         _say(
             f"`make run` is already running on {settings.data_dir} (pid {exc.holder}): stop it first, "
             "or give this one another TASKGATE_DATA_DIR"

@@ -13,7 +13,7 @@ from libs.db import Database
 from libs.grpc_client import ClientSecurity
 from libs.grpc_server import serve
 from libs.metrics import register_scrape_gauge
-from libs.startup import DataDirInUse, StopSignal, boot, migrate
+from libs.startup import FolderInUse, StopSignal, boot, migrate
 from services.scheduler.cron_servicer import CronServicer
 from services.scheduler.cron_store import MIGRATIONS
 from services.scheduler.domain import State
@@ -52,7 +52,7 @@ async def main() -> None:
     # Workers reach only this listener (Unix sockets), never the SchedulerService port.
     try:
         sockets = WorkerSockets(settings.worker_socket_dir, engine.worker_uids())
-    except DataDirInUse as exc:
+    except FolderInUse as exc:
         db.close()
         sys.exit(f"scheduler: {exc}")
     engine.worker_addr = sockets.addr_for

@@ -30,7 +30,7 @@ class WorkerSockets:
             self.root.mkdir(parents=True, exist_ok=True)
             self._owned_root = False
             # A second scheduler on this folder would unlink our sockets and take our workers'
-            # calls: DataDirInUse instead.
+            # calls: FolderInUse instead.
             self._lock = hold_folder(self.root, "scheduler", "the worker socket folder", "TASKGATE_WORKER_SOCKET_DIR")
         else:
             self.root = Path(tempfile.mkdtemp(prefix="taskgate-workers-"))

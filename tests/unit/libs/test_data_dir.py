@@ -84,7 +84,7 @@ time.sleep(600)
 
 def test_one_process_per_service_and_data_dir_and_a_killed_holder_frees_it(tmp_path: Path) -> None:
     from libs import startup
-    from libs.startup import DataDirInUse, hold_data_dir
+    from libs.startup import FolderInUse, hold_data_dir
 
     data = tmp_path / "var"
     data.mkdir()
@@ -93,7 +93,7 @@ def test_one_process_per_service_and_data_dir_and_a_killed_holder_frees_it(tmp_p
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        with pytest.raises(DataDirInUse, match=rf"another scheduler process \(pid {holder.pid}\) runs on"):
+        with pytest.raises(FolderInUse, match=rf"another scheduler process \(pid {holder.pid}\) runs on"):
             hold_data_dir(data, "scheduler")
         hold_data_dir(data, "notifier")  # another service on the same directory
         other = tmp_path / "other"
