@@ -415,22 +415,46 @@ def test_a_command_found_once_is_checked_again_and_a_removed_one_fails_the_launc
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
 
-def take_pid(pid: int, after_tick: int) -> subprocess.Popen[bytes] | None:
-    """A new process (its own session, ``sleep 60``) with ``pid``, freed just before: the next
-    pid handed out is set to it through ``ns_last_pid``; None if another fork won it each time.
-    It starts after ``after_tick`` (the freed pid's start time): a pid reused within the same
-    clock tick would carry the same start time — which takes a pid-space wrap in that tick
-    outside a test like this one."""
+# The new holder of a reused pid blocks SIGTERM, so a SIGTERM sent to it stays pending and shows
+# in /proc (ShdPnd: process-directed signals): what reached it is read, not waited for.
+BLOCKS_SIGTERM = (
+    "import signal, sys, time; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}); "
+    "print('ready', flush=True); time.sleep(60)"
+)
+
+
+def take_pid(pid: int, after_tick: int) -> subprocess.Popen[str] | None:
+    """A new process (its own session, blocking SIGTERM) with ``pid``, freed just before: the
+    next pid handed out is set to it through ``ns_last_pid``; None if another fork won it each
+    time. It starts after ``after_tick`` (the freed pid's start time): a pid reused within the
+    same clock tick would carry the same start time — which takes a pid-space wrap in that
+    tick outside a test like this one."""
     while proctree.boot_ticks() <= after_tick + 1:
         time.sleep(0.005)
     for _ in range(50):
         NS_LAST_PID.write_text(str(pid - 1))
-        proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", BLOCKS_SIGTERM], start_new_session=True, stdout=subprocess.PIPE, text=True
+        )
         if proc.pid == pid:
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
             return proc
         proc.kill()
         proc.wait()
     return None
+
+
+def sigterm_pending(proc: subprocess.Popen[str]) -> bool:
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    raise AssertionError("no ShdPnd line")
+
+
+def assert_never_signalled(holder: subprocess.Popen[str]) -> None:
+    assert holder.poll() is None and not sigterm_pending(holder), "the new holder of the pid was signalled"
+    os.kill(holder.pid, signal.SIGTERM)  # the check itself can fail: a SIGTERM does show
+    assert sigterm_pending(holder)
 
 
 def reuse_after_first_look(monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes]) -> list[Any]:
@@ -480,8 +504,7 @@ def test_a_pid_reused_between_the_identity_check_and_the_signal_is_not_hit(
     try:
         processes.signal_group(attempt, status, signal.SIGTERM)
         assert taken and taken[0].pid == stat.pid, "the pid was not reused in the window"
-        time.sleep(0.2)
-        assert taken[0].poll() is None, "the new holder of the pid was signalled"
+        assert_never_signalled(taken[0])
     finally:
         for proc in (*taken, victim):
             if proc is not None and proc.poll() is None:
@@ -516,8 +539,7 @@ def test_a_cgroup_member_whose_pid_is_reused_before_the_kill_is_not_hit(monkeypa
     try:
         cgroups.signal_all(Path("/nonexistent-cgroup"), signal.SIGTERM)
         assert member.wait(timeout=5) == -signal.SIGTERM, "a listed member was not signalled"
-        time.sleep(0.2)
-        assert taken[0].poll() is None, "the new holder of the pid was signalled"
+        assert_never_signalled(taken[0])
     finally:
         for proc in (*taken, victim, member):
             if proc is not None and proc.poll() is None:
