@@ -94,7 +94,7 @@ def signal_identified(pid: int, start_time: int, sig: int, group: bool = False) 
     except ProcessLookupError:
         return False
     try:
-        if start_time_of(pid) != start_time:
+        if not identity_matches(pid, start_time):
             return False  # gone (a zombie too), or the pid was another process's at the open
         if not group:
             signal.pidfd_send_signal(fd, sig)

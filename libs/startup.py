@@ -38,7 +38,7 @@ def boot(service: str, environ: Mapping[str, str], one_per_data_dir: bool = Fals
             get_logger(service).error("data_dir_in_use", error=str(exc))
             sys.exit(f"{service}: {exc}")
         except OSError as exc:  # e.g. a read-only data directory, or the lock file is a symlink
-            sys.exit(f"{service}: cannot lock {settings.data_dir / (service + '.lock')}: {exc}")
+            sys.exit(f"{service}: cannot lock the data directory: {exc}")  # the error names the file
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # a synchronous caller: no loop threads to name
@@ -61,8 +61,7 @@ class FolderLock:
     """An exclusive ``flock`` on ``<folder>/<name>.lock``, held until ``release`` or the
     process's death."""
 
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
+    def __init__(self, fd: int) -> None:
         self._fd: int | None = fd
 
     def release(self) -> None:
@@ -109,7 +108,7 @@ def hold_folder(
     # The pid is for the message above; the lock, not the file's content, says who holds it.
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return FolderLock(path, fd)
+    return FolderLock(fd)
 
 
 def secure_data_dir(data_dir: Path) -> None:
