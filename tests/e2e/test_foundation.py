@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 
+from libs.internal_auth import ensure_secrets
+from libs.settings import load_settings
 from tests.e2e.conftest import AGENT, SESSION, Api, add_member, create_key
-from tests.support.stack import Stack
+from tests.support.procs import METRICS_OFF, REPO, free_port
+from tests.support.stack import Stack, make_stack
 
 
 def test_healthz_reports_every_backend_serving(stack: Stack) -> None:
@@ -175,28 +182,35 @@ def test_every_service_serves_health_and_reflection(stack: Stack) -> None:
             assert "taskgate.scheduler.v1.WorkerService" not in listed, "workers have their own listener"
 
 
+def exit_of(module: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m module`` with ``env`` over this process's environment and no metrics
+    ports, run to its end (it is expected to exit at once)."""
+    return subprocess.run(
+        [sys.executable, "-m", module],
+        cwd=REPO,
+        env={**os.environ, **METRICS_OFF, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_a_second_process_of_a_service_on_the_same_data_dir_exits_and_the_first_runs_on(stack: Stack) -> None:
     """Another scheduler, notifier or pending registry on the running stack's data directory (own
     port and no metrics, so nothing else stands in its way) exits at once naming the holder; so
     does another scheduler on the running one's worker socket folder."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.support.procs import METRICS_OFF, REPO, free_port
-
-    for name, module, addr_env in [
-        ("scheduler", "services.scheduler", "TASKGATE_SCHEDULER_ADDR"),
-        ("notifier", "services.notifier", "TASKGATE_NOTIFIER_ADDR"),
-        ("pending_registry", "services.pending_registry", "TASKGATE_PENDING_ADDR"),
+    for name, key, module, addr_env in [
+        ("scheduler", "scheduler", "services.scheduler", "TASKGATE_SCHEDULER_ADDR"),
+        ("notifier", "notifier", "services.notifier", "TASKGATE_NOTIFIER_ADDR"),
+        ("pending_registry", "pending", "services.pending_registry", "TASKGATE_PENDING_ADDR"),
     ]:
-        env = {**os.environ, **stack.env, **METRICS_OFF, addr_env: f"127.0.0.1:{free_port()}"}
-        second = subprocess.run(
-            [sys.executable, "-m", module], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
-        )
-        assert second.returncode == 1, (name, second.stderr[-2000:])
-        assert f"{name}: another {name} process (pid " in second.stderr, second.stderr[-2000:]
-        assert str(stack.data_dir) in second.stderr
+        second = exit_of(module, {**stack.env, addr_env: f"127.0.0.1:{free_port()}"})
+        holder = stack.procs[key].proc
+        assert holder is not None and second.returncode == 1, (name, second.stderr[-2000:])
+        assert (
+            f"{name}: another {name} process (pid {holder.pid}) runs on the data directory {stack.data_dir}"
+            in second.stderr
+        ), second.stderr[-2000:]
     # Its own data directory but the running scheduler's worker socket folder: it would unlink
     # that scheduler's sockets and take its workers' calls.
     own = {
@@ -204,37 +218,20 @@ def test_a_second_process_of_a_service_on_the_same_data_dir_exits_and_the_first_
         "TASKGATE_SECRETS_DIR": str(stack.data_dir / "secrets"),
         "TASKGATE_SCHEDULER_ADDR": f"127.0.0.1:{free_port()}",
     }
-    second = subprocess.run(
-        [sys.executable, "-m", "services.scheduler"],
-        cwd=REPO,
-        env={**os.environ, **stack.env, **METRICS_OFF, **own},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    second = exit_of("services.scheduler", {**stack.env, **own})
+    holder = stack.procs["scheduler"].proc
+    assert holder is not None and second.returncode == 1, second.stderr[-2000:]
+    assert f"another scheduler process (pid {holder.pid}) runs on the worker socket folder" in second.stderr, (
+        second.stderr[-2000:]
     )
-    folder = stack.env["TASKGATE_WORKER_SOCKET_DIR"]
-    assert second.returncode == 1, second.stderr[-2000:]
-    assert f"another scheduler process (pid {stack.procs['scheduler'].proc.pid}) runs on the worker socket folder" in (
-        second.stderr
-    ), second.stderr[-2000:]
-    assert list(Path(folder).glob("*/worker.sock")), "the running scheduler's worker socket is gone"
+    assert list(Path(stack.env["TASKGATE_WORKER_SOCKET_DIR"]).glob("*/worker.sock")), "its worker socket is gone"
     health = httpx.get(stack.http_url + "/healthz", timeout=10)
     assert health.status_code == 200 and health.json()["status"] == "ok", health.text
 
 
 def test_a_port_already_taken_ends_the_service_with_one_line_not_a_traceback(tmp_path: Path) -> None:
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    from libs.internal_auth import ensure_secrets
-    from libs.settings import load_settings
-    from tests.support.procs import METRICS_OFF, REPO, free_port
-    from tests.support.stack import make_stack
-
-    env = {**os.environ, **make_stack(tmp_path / "unstarted").env, **METRICS_OFF}
-    ensure_secrets(load_settings(env).secrets_path)
+    env = make_stack(tmp_path / "unstarted").env
+    ensure_secrets(load_settings({**os.environ, **env}).secrets_path)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -246,13 +243,6 @@ def test_a_port_already_taken_ends_the_service_with_one_line_not_a_traceback(tmp
                 f"cannot serve metrics on 127.0.0.1:{port}: Address already in use",
             ),
         ]:
-            run = subprocess.run(
-                [sys.executable, "-m", "services.pending_registry"],
-                cwd=REPO,
-                env={**env, **override},
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            run = exit_of("services.pending_registry", {**env, **override})
             assert run.returncode == 1, run.stderr[-2000:]
             assert says in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]
