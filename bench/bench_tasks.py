@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lean_http import LeanClient  # noqa: E402
-from bench.stats import data_disk, pct, store_counters  # noqa: E402
+from bench.stats import CpuTimes, create_cost_us, data_disk, pct, store_counters  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
@@ -345,6 +345,16 @@ def threads_line(per_task: dict[str, float]) -> str:
     return "scheduler threads ms/task: " + ", ".join(parts)
 
 
+def conditions_line(figures: dict[str, float]) -> str:
+    """How saturated the run was and what a log file cost to create: a throughput figure means
+    little without them on a shared VM."""
+    return (
+        f"during the run: the scheduler kept {figures['scheduler_cores']:.2f} of a core busy, the machine "
+        f"{100 * figures['machine_busy']:.0f} % of its {os.cpu_count()} CPUs; a file create on the data disk "
+        f"took {figures['file_create_us']:.0f} us just before"
+    )
+
+
 def _instant(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
@@ -433,7 +443,10 @@ async def throughput_round(
             poll = lean.request("GET", f"{path}?page_size=1", headers)
             meter = CpuMeter(pids)
             store_before = await store_counters_of(stack.metrics_url("scheduler"))
+            # What a worker's log file costs to create right now, on the disk its logs go to.
+            create_us = create_cost_us(Path(tmp) / "create-probe")
             meter.start()
+            machine_before = CpuTimes.now()
             began = time.perf_counter()
             await lean.repeat(create, n, expect=201)
             creates_s = time.perf_counter() - began
@@ -449,6 +462,7 @@ async def throughput_round(
                     break
                 await asyncio.sleep(0.02)
             total_s = time.perf_counter() - began
+            machine_busy = CpuTimes.now().busy_share_since(machine_before)
             meter.stop()
             store = store_per_task(store_before, await store_counters_of(stack.metrics_url("scheduler")), n)
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
@@ -466,6 +480,10 @@ async def throughput_round(
             "gateway_per_create": gateway_create_ms,
             "polls": float(polls),
             "creates_share": creates_s / total_s,
+            "file_create_us": create_us,
+            "machine_busy": machine_busy,
+            # Cores the scheduler kept busy: one process, most of its work under one GIL.
+            "scheduler_cores": meter.used["scheduler"] / total_s,
         }
         return n / total_s, figures, latencies, worker_hold_of(stack)
     finally:
@@ -535,10 +553,14 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
         extra["scheduler_reruns_per_task"] = cpu.get("reruns", 0.0)
         extra["gateway_cpu_ms_per_create_request"] = cpu["gateway_per_create"]
         extra["creates_share_of_run"] = cpu["creates_share"]
+        extra["file_create_us"] = cpu["file_create_us"]
+        extra["machine_busy_share"] = cpu["machine_busy"]
+        extra["scheduler_cores"] = cpu["scheduler_cores"]
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
             f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, created->ended p50 {pct(latencies, 0.5):7.1f} ms, "
-            f"load {os.getloadavg()[0]:.2f}\n  {cpu_line(cpu)}\n  {threads_line(cpu)}\n  {units_line(cpu)}",
+            f"load {os.getloadavg()[0]:.2f}\n  {cpu_line(cpu)}\n  {threads_line(cpu)}\n  {units_line(cpu)}\n"
+            f"  {conditions_line(cpu)}",
             flush=True,
         )
     names = {name for c in cpus for name in c}
@@ -551,6 +573,7 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
         f"  {cpu_line(median_cpu)}\n"
         f"  {threads_line(median_cpu)}\n"
         f"  {units_line(median_cpu)}\n"
+        f"  {conditions_line(median_cpu)}\n"
         f"  (client: the lean load generator, bench/lean_http.py; reproduce: "
         f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds}"
         f"{'' if CREATES_IN_FLIGHT == 16 else f' --creates-in-flight {CREATES_IN_FLIGHT}'})"

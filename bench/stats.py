@@ -1,8 +1,12 @@
-"""Small helpers the benchmarks share: percentiles and a process's resident memory."""
+"""Small helpers the benchmarks share: percentiles, a process's resident memory, and what the
+machine was like while a figure was taken (its disk, a file create's cost, how busy its CPUs were)."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,9 @@ def rss_mib(pid: int) -> float:
 def data_disk(path: Path) -> str:
     """The file system under ``path``, as a benchmark's figures need it said: its type, its
     device, and on ext4 whether it has a journal. Without one, ext4 makes every file create
-    pass over the inodes freed in the last ~30 s (``recently_deleted``), which puts a cost on
-    each attempt's log file that a journaled disk does not have."""
+    step over the inodes freed in the last minute — five more while their inode table is not
+    yet written back (``recently_deleted``) — which puts a cost on each attempt's log file
+    that a journaled disk does not have (``create_cost_us`` measures it)."""
     target = str(Path(path).resolve())
     best: tuple[str, str, str] | None = None  # (mount point, type, source)
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -47,6 +52,49 @@ def data_disk(path: Path) -> str:
             return said
         said += ", with a journal" if has_journal else ", without a journal (creates pay the recently-deleted scan)"
     return said
+
+
+def create_cost_us(folder: Path, n: int = 128) -> float:
+    """µs of wall time per file create in ``folder`` now, over ``n`` new empty files (0600).
+
+    On ext4 without a journal this moves with what was deleted on the disk in the last minutes:
+    ~35 µs on this VM's disk when nothing was, ~1 ms for minutes after a few thousand deletes
+    (a test suite's temporary folders, a benchmark's last round) — every worker launch creates
+    its log file, so a throughput figure says little without it. The files are left in place:
+    deleting them would charge the next creates. Wall time, not system CPU: a create is one
+    system call, and the kernel's CPU accounting is too coarse for a few milliseconds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    taken = len(os.listdir(folder))  # a second probe in the same folder makes new files too
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    began = time.perf_counter()
+    for i in range(taken, taken + n):
+        os.close(os.open(folder / f"probe-{i}", flags, 0o600))
+    return (time.perf_counter() - began) * 1e6 / n
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """The machine's CPU time so far, in clock ticks summed over its CPUs (``/proc/stat``)."""
+
+    busy: int  # user, nice, system, irq, softirq, steal
+    idle: int  # idle and iowait
+
+    @classmethod
+    def parse(cls, stat: str) -> CpuTimes:
+        fields = [int(v) for v in stat.splitlines()[0].split()[1:]]
+        fields += [0] * (8 - len(fields))
+        user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+        # guest and guest_nice (fields 9, 10) are already counted in user and nice.
+        return cls(busy=user + nice + system + irq + softirq + steal, idle=idle + iowait)
+
+    @classmethod
+    def now(cls) -> CpuTimes:
+        return cls.parse(Path("/proc/stat").read_text())
+
+    def busy_share_since(self, earlier: CpuTimes) -> float:
+        """The share (0..1) of the machine's CPU time that was busy between ``earlier`` and this."""
+        busy, idle = self.busy - earlier.busy, self.idle - earlier.idle
+        return busy / (busy + idle) if busy + idle > 0 else 0.0
 
 
 # The scheduler's group-commit counters, by the name its figures use.
