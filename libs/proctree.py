@@ -112,6 +112,25 @@ def signal_identified(pid: int, start_time: int, sig: int, group: bool = False) 
         os.close(fd)
 
 
+def signal_led_group(pidfd: int, sig: int) -> bool | None:
+    """Signal the process group led by the process ``pidfd`` was opened on — even after that
+    leader exited and was reaped: the kernel signals the group of its struct pid, which the
+    pidfd keeps, never a group that took the same number later. ``sig`` 0 only asks.
+
+    True: the group had members (zombies count) and got the signal; False: it has none left,
+    and since a group that emptied can never regain members, none of it can come back; None:
+    this kernel cannot signal a group through a pidfd (before Linux 6.9), nothing was sent."""
+    try:
+        signal.pidfd_send_signal(pidfd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
+    except ProcessLookupError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+    return True
+
+
 class ProcessTable(dict[int, ProcStat]):
     """A read of every process by pid, with the moment the read began (``boot_ticks``):
     what it shows alive was alive at some moment from then on."""

@@ -237,6 +237,9 @@ class Launcher:
             attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
             rt.ownership.forked(attempt)
             try:
+                # Kept until the attempt is proven gone: its group stays reachable, and provably
+                # its own, after the leader exits (``processes.tree_status``).
+                rt.ownership.keep_group(attempt, launched.process.duplicate_pidfd())
                 # The identity is committed while the worker is still held before exec.
                 await rt.store.save_attempt(attempt)
                 launched.release()

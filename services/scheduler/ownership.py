@@ -45,7 +45,10 @@ class Ownership:
         # thread the moment the fork returns, so the window where a new child is neither a known
         # leader nor anyone's orphan is the fork itself, not the whole launch.
         self._spawned: dict[str, int] = {}
-        self._lock = threading.Lock()  # the two above are read from the scan's thread
+        # Attempt id -> a pidfd on its leader, kept while the attempt is owned: a group whose
+        # leader has exited (and been reaped) is still signalled, and known empty, through it.
+        self._group_fds: dict[str, int] = {}
+        self._lock = threading.Lock()  # the three above are read from the scan's and stops' threads
         # The last table whose orphans were checked, and what was found (many exits share a read).
         self._checked: tuple[dict[int, proctree.ProcStat], list[proctree.ProcStat]] | None = None
 
@@ -81,6 +84,10 @@ class Ownership:
                 log.info("stale_cgroups_removed", count=removed)
 
     async def close(self) -> None:
+        with self._lock:
+            kept, self._group_fds = self._group_fds, {}
+        for fd in kept.values():
+            os.close(fd)
         if self.subreaper:
             subreaper.resign()
             self.subreaper = False
@@ -117,8 +124,27 @@ class Ownership:
             self._forking.pop(attempt.attempt_id, None)
             self._spawned.pop(attempt.attempt_id, None)
 
+    def keep_group(self, attempt: Attempt, pidfd: int) -> None:
+        """Keep ``pidfd`` (on the attempt's leader, taken over) until the attempt is dropped."""
+        with self._lock:
+            earlier = self._group_fds.pop(attempt.attempt_id, None)
+            self._group_fds[attempt.attempt_id] = pidfd
+        if earlier is not None:
+            os.close(earlier)
+
+    def signal_group(self, attempt: Attempt, sig: int) -> bool | None:
+        """(Any thread.) ``proctree.signal_led_group`` through the attempt's kept pidfd; None
+        when none is kept (an earlier incarnation's attempt, or one dropped meanwhile)."""
+        with self._lock:  # held across the call: a drop must not close the fd under it
+            fd = self._group_fds.get(attempt.attempt_id)
+            return proctree.signal_led_group(fd, sig) if fd is not None else None
+
     def drop(self, attempt: Attempt) -> None:
         """The attempt's tree is proven gone; its zombies (re-parented orphans) may still be reaped."""
+        with self._lock:
+            fd = self._group_fds.pop(attempt.attempt_id, None)
+        if fd is not None:
+            os.close(fd)
         self.forked(attempt)
         if self.owned.pop(attempt.attempt_id, None) is not None:
             self._reapable.update((d.pid, d.start_time) for d in attempt.descendants)
@@ -189,4 +215,5 @@ class Ownership:
             table_reader=self._table_reader,
             orphan_check=self.orphan_check if self.subreaper else None,
             cgroup_kill=self.cgroups.has_kill if self.cgroups else False,
+            group_signal=self.signal_group,
         )

@@ -139,6 +139,13 @@ class WorkerProcess:
         # before the reap, the last moment the exited leader keeps the group id from reuse.
         self.attempt: Attempt | None = None
 
+    def duplicate_pidfd(self) -> int:
+        """A pidfd of the caller's own on this process (close-on-exec) to keep past its exit:
+        this one is closed once the exit has been seen. Only before anything awaits the exit."""
+        if self._pidfd < 0:
+            raise RuntimeError("the process's exit was already awaited; its pidfd is closed")
+        return os.dup(self._pidfd)
+
     def abandon(self) -> None:
         """Its launch failed, so nobody awaits it: reap it once it exits, as asyncio's watcher did.
 
@@ -170,6 +177,7 @@ class WorkerProcess:
         finally:
             loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
+            self._pidfd = -1  # never dup'd again: the number may be another file's by then
         # Marked before the reap, so a look racing it never finds the leader gone unmarked:
         # until this process reaps it, the exited leader (a zombie) holds its group id.
         held_before = self.attempt.group_held_ticks if self.attempt is not None else None
@@ -595,11 +603,20 @@ def _unproven_group(attempt: Attempt, members: Sequence[proctree.ProcStat]) -> s
     )
 
 
+# Signals an attempt's group through the pidfd kept on its leader (``Ownership.signal_group``):
+# ``proctree.signal_led_group``'s answer, or None when no pidfd is kept for the attempt.
+GroupSignal = Callable[[Attempt, int], bool | None]
+
+
 def tree_status(
     attempt: Attempt,
     table: dict[int, proctree.ProcStat],
     unattributed: Sequence[proctree.ProcStat] = (),
+    group_signal: GroupSignal | None = None,
 ) -> TreeStatus:
+    """What of the attempt still lives in ``table``. ``group_signal``: asked (signal 0) about a
+    group whose leader is gone, it says for certain whether the attempt's group still has
+    members, where the table alone can only say when they are provably the attempt's."""
     status = TreeStatus()
     if attempt.cgroup:
         status.in_cgroup = [
@@ -624,7 +641,14 @@ def tree_status(
             p for p in proctree.live_group_members(table, attempt.pgid) if p.start_time >= attempt.pid_start_time
         ]
         if leader is None and status.group:
-            status.unsignallable = _unproven_group(attempt, status.group)
+            # The kernel knows whose group these are while the leader's pidfd is kept: a group
+            # that still has members holds its number, so they are the attempt's; one with none
+            # left never regains any, so those of the number now are another program's.
+            kept = group_signal(attempt, 0) if group_signal is not None else None
+            if kept is False:
+                status.group = []
+            elif kept is None:
+                status.unsignallable = _unproven_group(attempt, status.group)
     for d in attempt.descendants:
         stat = table.get(d.pid)
         if stat is not None and stat.alive and stat.start_time == d.start_time and stat.pgid != attempt.pgid:
@@ -633,8 +657,11 @@ def tree_status(
     return status
 
 
-def signal_group(attempt: Attempt, status: TreeStatus, sig: signal.Signals) -> None:
-    """Signal what is provably the attempt's: its group, its recorded descendants, its cgroup."""
+def signal_group(
+    attempt: Attempt, status: TreeStatus, sig: signal.Signals, group_signal: GroupSignal | None = None
+) -> None:
+    """Signal what is provably the attempt's: its group, its recorded descendants, its cgroup.
+    ``group_signal``: signals a group whose leader is gone at once, through the leader's pidfd."""
     if attempt.cgroup and status.in_cgroup:
         cgroups.signal_all(Path(attempt.cgroup), sig)
     # Each by identity (proctree.signal_identified): a pid freed and reused since the read
@@ -652,7 +679,10 @@ def signal_group(attempt: Attempt, status: TreeStatus, sig: signal.Signals) -> N
         and proctree.signal_identified(attempt.pid, attempt.pid_start_time, sig, group=True)
     ):
         return
-    # The leader is gone (or went just now): the members the read showed, one by one.
+    # The leader is gone (or went just now). Through its kept pidfd the whole group at once,
+    # members forked since the read too; else the members the read showed, one by one.
+    if group_signal is not None and group_signal(attempt, sig) is not None:
+        return
     for member in status.group:
         proctree.signal_identified(member.pid, member.start_time, sig)
 
@@ -667,6 +697,7 @@ class StopContext:
     table_reader: Callable[[], dict[int, proctree.ProcStat]] = proctree.process_table
     orphan_check: OrphanCheck | None = None
     cgroup_kill: bool = True  # the cgroup offers cgroup.kill (else freeze + SIGKILL)
+    group_signal: GroupSignal | None = None  # through the leader's kept pidfd (this incarnation's)
 
 
 def look(
@@ -685,7 +716,7 @@ def look(
     record_descendants(attempt, table)
     unattributed = ctx.orphan_check(table) if ctx.orphan_check is not None else []
     record_descendants(attempt, table)
-    status = tree_status(attempt, table, unattributed)
+    status = tree_status(attempt, table, unattributed, ctx.group_signal)
     if remove_empty_cgroup and status.gone and attempt.cgroup:
         cgroups.remove(Path(attempt.cgroup))
     return status
@@ -704,7 +735,7 @@ async def _wait_gone(attempt: Attempt, timeout_s: float, ctx: StopContext) -> Tr
 def _kill(attempt: Attempt, status: TreeStatus, ctx: StopContext) -> None:
     if attempt.cgroup:
         cgroups.kill(Path(attempt.cgroup), ctx.cgroup_kill)
-    signal_group(attempt, status, signal.SIGKILL)
+    signal_group(attempt, status, signal.SIGKILL, ctx.group_signal)
 
 
 async def stop_tree(
@@ -723,7 +754,7 @@ async def stop_tree(
     ctx = ctx or StopContext(table_reader=table_reader)
     status = await asyncio.to_thread(look, attempt, ctx)
     if not status.gone:
-        await asyncio.to_thread(signal_group, attempt, status, signal.SIGTERM)
+        await asyncio.to_thread(signal_group, attempt, status, signal.SIGTERM, ctx.group_signal)
         status = await _wait_gone(attempt, grace_s, ctx)
         if not status.gone:
             await asyncio.to_thread(_kill, attempt, status, ctx)

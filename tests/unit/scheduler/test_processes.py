@@ -423,7 +423,7 @@ BLOCKS_SIGTERM = (
 )
 
 
-def take_pid(pid: int, after_tick: int) -> subprocess.Popen[str] | None:
+def take_pid(pid: int, after_tick: int, script: str = BLOCKS_SIGTERM) -> subprocess.Popen[str] | None:
     """A new process (its own session, blocking SIGTERM) with ``pid``, freed just before: the
     next pid handed out is set to it through ``ns_last_pid``; None if another fork won it each
     time. It starts after ``after_tick`` (the freed pid's start time): a pid reused within the
@@ -434,7 +434,7 @@ def take_pid(pid: int, after_tick: int) -> subprocess.Popen[str] | None:
     for _ in range(50):
         NS_LAST_PID.write_text(str(pid - 1))
         proc = subprocess.Popen(
-            [sys.executable, "-c", BLOCKS_SIGTERM], start_new_session=True, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", script], start_new_session=True, stdout=subprocess.PIPE, text=True
         )
         if proc.pid == pid:
             assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
@@ -598,3 +598,130 @@ def test_a_cgroup_with_more_members_than_one_pin_batch_has_every_member_signalle
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+# A leader that forks one SIGTERM-blocking member of its session and group, says its pid, and exits.
+LEAVES_A_SIGTERM_BLOCKER = (
+    "import os, signal, sys, time; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+    "if os.fork() == 0:\n"
+    "    print('ready', flush=True); print(os.getpid(), flush=True); time.sleep(60)\n"
+)
+
+
+def pending_sigterm(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("ShdPnd:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    raise AssertionError("no ShdPnd line")
+
+
+def through(fd: int) -> processes.StopContext:
+    """A stop that signals the attempt's group through ``fd``, as ``Ownership`` does with the
+    pidfd it keeps on a leader it launched."""
+    return processes.StopContext(group_signal=lambda attempt, sig: proctree.signal_led_group(fd, sig))
+
+
+async def test_a_leaderless_group_the_table_cannot_prove_is_stopped_through_the_leaders_kept_pidfd() -> None:
+    """The leader exited and was reaped; its member started after the last moment the table
+    shows the group id was the attempt's, so the table alone cannot tell it from another
+    program's group that took the id. The pidfd kept on the leader can: the kernel signals the
+    group of that very process, and the member is stopped for certain."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
+    fd = os.pidfd_open(leader.pid)
+    try:
+        leader.wait()
+        deadline = time.monotonic() + 5
+        while not (members := proctree.live_group_members(proctree.process_table(), leader.pid)):
+            assert time.monotonic() < deadline, "the shell's child did not show"
+            time.sleep(0.01)
+        (member,) = members
+        record = attempt_for(leader.pid, member.start_time - 50)
+        record.group_held_ticks = member.start_time - 10
+        # The table alone: unproven, nothing signalled (as before a pidfd was kept).
+        alone = await processes.stop_tree(record, grace_s=0.1, confirm_s=0.1)
+        assert not alone.gone and "may have been reused" in alone.unsignallable
+        assert proctree.identity_matches(member.pid, member.start_time)
+        status = await processes.stop_tree(record, grace_s=0.5, confirm_s=2, ctx=through(fd))
+        assert status.gone and not status.unsignallable
+        assert not proctree.identity_matches(member.pid, member.start_time)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+
+
+@needs_ns_last_pid
+async def test_a_group_id_reused_after_the_attempts_group_emptied_is_left_alone_through_the_kept_pidfd() -> None:
+    """The attempt's group ended whole; its id went to another program's session leader, which
+    left a member behind and exited. The table shows a leaderless group with the attempt's id,
+    younger than anything it can tie to the attempt: unproven. The pidfd kept on the attempt's
+    leader says its group has no member at all, so this one is another program's: nothing is
+    signalled and the attempt's processes are proven gone."""
+    leader = subprocess.Popen(["true"], start_new_session=True)
+    fd = os.pidfd_open(leader.pid)
+    taker = None
+    member_pid = None
+    try:
+        leader_start = proctree.start_time_of(leader.pid) or 0
+        leader.wait()
+        held = proctree.boot_ticks()
+        taker = take_pid(leader.pid, held, LEAVES_A_SIGTERM_BLOCKER)
+        if taker is None:
+            pytest.skip("another process took the freed pid each time")
+        assert taker.stdout is not None
+        member_pid = int(taker.stdout.readline())
+        taker.wait()
+        record = attempt_for(leader.pid, leader_start)
+        record.group_held_ticks = held
+        alone = await processes.stop_tree(record, grace_s=0.1, confirm_s=0.1)
+        assert not alone.gone and "may have been reused" in alone.unsignallable, "the table alone cannot tell"
+        status = await processes.stop_tree(record, grace_s=0.1, confirm_s=0.1, ctx=through(fd))
+        assert status.gone and not status.group
+        member = proctree.read_stat(member_pid)
+        assert member is not None and member.alive and member.pgid == leader.pid, "another program's process was hit"
+        assert not pending_sigterm(member_pid), "another program's process was signalled"
+    finally:
+        os.close(fd)
+        if member_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member_pid, signal.SIGKILL)
+        if taker is not None and taker.poll() is None:
+            taker.kill()
+            taker.wait()
+
+
+async def test_a_kernel_without_group_signals_through_a_pidfd_falls_back_to_what_the_table_proves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before Linux 6.9 the kept pidfd cannot signal a group (EINVAL): nothing goes through it,
+    and the members the table proves the attempt's are signalled one by one, as before."""
+    import errno
+
+    real = signal.pidfd_send_signal
+    refused: list[int] = []
+
+    def without_group_flag(fd: int, sig: int, siginfo: Any = None, flags: int = 0) -> None:
+        if flags:
+            refused.append(sig)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(fd, sig, siginfo, flags)
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", without_group_flag)
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
+    fd = os.pidfd_open(leader.pid)
+    try:
+        leader.wait()
+        deadline = time.monotonic() + 5
+        while not (members := proctree.live_group_members(proctree.process_table(), leader.pid)):
+            assert time.monotonic() < deadline, "the shell's child did not show"
+            time.sleep(0.01)
+        (member,) = members
+        record = attempt_for(leader.pid, member.start_time - 50)
+        record.group_held_ticks = member.start_time  # its leader was reaped after the member started
+        status = await processes.stop_tree(record, grace_s=0.5, confirm_s=2, ctx=through(fd))
+        assert refused, "the kept pidfd was not tried"
+        assert status.gone and not proctree.identity_matches(member.pid, member.start_time)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)

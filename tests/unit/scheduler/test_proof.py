@@ -9,6 +9,7 @@ PostgreSQL. The outcome must be `cancelled` with the daemon really gone, or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from services.scheduler.domain import Attempt, FailureCode, State, Task
 from services.scheduler.ownership import Ownership
 from services.scheduler.store import MIGRATIONS
 from tests.support.postgres import fresh_database
-from tests.unit.scheduler.test_engine import Harness, running, start_harness
+from tests.unit.scheduler.test_engine import Harness, group_alive, running, start_harness
 
 DAEMONS = {
     # setsid: the daemon leaves the worker's session and group, its parent exits at once.
@@ -309,3 +310,66 @@ def test_the_live_leaders_read_from_the_scans_thread_survives_the_loop_changing_
 
     own = Ownership(proctree.process_table, leaders, reap_unknown=False)
     assert own._leader_pids() == {12345} and len(calls) == 2
+
+
+# The leader exits at once; what it leaves in its group ignores SIGTERM and re-forks itself
+# every 10 ms, each generation exiting as the next starts: by the end of a stop's grace every
+# live member is younger than the leader's reap.
+HOPPER = WorkerProfile(command=["sh", "-c", "trap '' TERM; hop() { sleep 0.01; hop & exit 0; }; hop & exit 0"])
+
+
+async def test_leftovers_that_keep_reforking_in_the_group_are_stopped_through_the_kept_pidfd(tmp_path: Path) -> None:
+    """Subreaper-only mode, another attempt running: the leftovers fit both attempts as orphans,
+    and once SIGTERM's grace is over each is younger than anything that ties the group id to this
+    attempt — the process table alone cannot prove them its own, so before the pidfd was kept the
+    SIGKILL never went out and they ran on after the task ended. Through the pidfd kept on the
+    leader the kernel proves and stops the whole group at once; the pidfd is closed once the
+    attempt is proven gone."""
+    h = await start_harness(tmp_path, workers={"hopper": HOPPER}, proof_mode="subreaper")
+    pgid = None
+    try:
+        other = await running(h, "sleeper")
+        task = await h.create("hopper")
+        assert await h.engine.dispatch_once() == 1
+        done = await h.wait(task.task_id, [State.COMPLETED, State.FAILED])
+        _, attempts = await h.engine.get_task(task.task_id)
+        pgid = attempts[-1].pgid
+        assert pgid is not None
+        assert done.state == State.COMPLETED
+        for _ in range(10):  # generations 50 ms apart: none may show for longer than one
+            assert not group_alive(pgid), "the worker's leftovers run on after its task ended"
+            await asyncio.sleep(0.03)
+        ownership = h.engine.ownership
+        assert attempts[-1].attempt_id not in ownership.owned, "the attempt was not proven gone"
+        assert attempts[-1].attempt_id not in ownership._group_fds, "its pidfd was kept after the proof"
+        _, running_attempts = await h.engine.get_task(other.task_id)
+        assert running_attempts[-1].attempt_id in ownership._group_fds, "a live attempt's pidfd is kept"
+    finally:
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        await h.close()
+
+
+async def test_no_pidfd_outlives_its_attempt(tmp_path: Path) -> None:
+    """Every launch keeps one pidfd on its leader; tasks that end, are cancelled, or fail their
+    launch after the spawn leave none open, and the engine's shutdown closes the rest."""
+    h = await start_harness(tmp_path, proof_mode="subreaper")
+    closed = False
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        ended = [await running(h, "sleeper") for _ in range(3)]
+        assert len(h.engine.ownership._group_fds) == 3
+        assert len(os.listdir("/proc/self/fd")) > before
+        for task in ended:
+            done = await h.engine.cancel(task.task_id, wait_s=10)
+            assert done.state == State.CANCELLED
+        assert h.engine.ownership._group_fds == {}
+        live = await running(h, "sleeper")
+        assert list(h.engine.ownership._group_fds) == [(await h.engine.get_task(live.task_id))[1][-1].attempt_id]
+        await h.close()
+        closed = True
+        assert h.engine.ownership._group_fds == {}
+    finally:
+        if not closed:
+            await h.close()
