@@ -20,6 +20,7 @@ from services.scheduler.domain import State
 from services.scheduler.engine import Engine
 from services.scheduler.failure_reports import FailureReportsClient
 from services.scheduler.hosts import resolve_host_id, scheduler_pg_settings
+from services.scheduler.processes import open_files_for
 from services.scheduler.questions import QuestionsClient
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import SchedulerStore
@@ -33,6 +34,14 @@ log = structlog.get_logger("scheduler")
 async def main() -> None:
     stop = StopSignal.install()
     settings = boot("scheduler", os.environ, one_per_data_dir=True)
+    limit, needed = open_files_for(settings.tasks.max_running)
+    if limit < needed:
+        log.warning(
+            "open_files_limit_low",
+            limit=limit,
+            needed=needed,
+            detail=f"max_running = {settings.tasks.max_running} keeps about {needed} files open; raise the hard limit",
+        )
     db = Database(settings.db_url("scheduler"), MIGRATIONS, pg_settings=scheduler_pg_settings(settings.tasks.lease_ms))
     host_id = resolve_host_id(settings.scheduler_host_id, settings.data_dir)
     await migrate(db)

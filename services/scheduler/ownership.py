@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -140,11 +141,20 @@ class Ownership:
             return proctree.signal_led_group(fd, sig) if fd is not None else None
 
     def drop(self, attempt: Attempt) -> None:
-        """The attempt's tree is proven gone; its zombies (re-parented orphans) may still be reaped."""
+        """The attempt's tree is proven gone; its zombies (re-parented orphans) may still be reaped.
+
+        Its group gets a last SIGKILL through the kept pidfd before that is closed: a process-table
+        read is no snapshot — a member that forks and exits while the read walks ``/proc`` can be
+        missed by it, its child born after the listing — and whatever of the attempt's own group
+        such a read missed ends here. Nothing else can receive it (only zombies, if all is gone)."""
         with self._lock:
             fd = self._group_fds.pop(attempt.attempt_id, None)
         if fd is not None:
-            os.close(fd)
+            try:
+                if proctree.signal_led_group(fd, signal.SIGKILL):
+                    log.debug("group_swept", task_id=attempt.task_id, pgid=attempt.pgid)
+            finally:
+                os.close(fd)
         self.forked(attempt)
         if self.owned.pop(attempt.attempt_id, None) is not None:
             self._reapable.update((d.pid, d.start_time) for d in attempt.descendants)

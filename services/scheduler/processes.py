@@ -23,6 +23,7 @@ import contextlib
 import grp
 import os
 import pwd
+import resource
 import shutil
 import signal
 import stat as file_mode
@@ -601,6 +602,31 @@ def _unproven_group(attempt: Attempt, members: Sequence[proctree.ProcStat]) -> s
         "started while it was provably the attempt's or is a recorded descendant: the group id may "
         "have been reused"
     )
+
+
+# Descriptors a live worker keeps open in the scheduler: the pidfd its exit is awaited on and
+# the one kept on it as its group's leader (``Ownership.keep_group``).
+FDS_PER_WORKER = 2
+# Everything else: databases, gRPC, the worker sockets, and a launch's log file and pipes.
+FDS_BESIDES_WORKERS = 256
+
+
+def open_files_for(max_running: int) -> tuple[int, int]:
+    """Raise this process's open-files limit to what ``max_running`` workers need — to the hard
+    limit, as far as the kernel allows (a soft limit of 1,024 is common, and 1,024 workers keep
+    twice that open); the limit in force and the need. The workers inherit the raised limit,
+    which any process may set itself up to the same hard limit."""
+    needed = FDS_PER_WORKER * max_running + FDS_BESIDES_WORKERS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, needed, 1 << 20)
+    if soft < wanted:
+        for limit in (wanted, needed):  # the hard limit may exceed the kernel's nr_open
+            if soft < limit:
+                with contextlib.suppress(ValueError, OSError):
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+                    soft = limit
+                    break
+    return soft, needed
 
 
 # Signals an attempt's group through the pidfd kept on its leader (``Ownership.signal_group``):

@@ -725,3 +725,42 @@ async def test_a_kernel_without_group_signals_through_a_pidfd_falls_back_to_what
         os.close(fd)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
+
+
+def limits_after_open_files_for(soft: int, hard: int, max_running: int) -> tuple[int, int, int]:
+    """In a fresh interpreter started under (soft, hard) open-files limits: what
+    ``open_files_for(max_running)`` returned, and the soft limit in force after it."""
+    import resource
+
+    code = (
+        "import resource, sys\n"
+        "from services.scheduler.processes import open_files_for\n"
+        "limit, needed = open_files_for(int(sys.argv[1]))\n"
+        "print(limit, needed, resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(max_running)],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    limit, needed, in_force = (int(v) for v in done.stdout.split())
+    return limit, needed, in_force
+
+
+def test_the_scheduler_raises_its_open_files_limit_to_the_hard_limit() -> None:
+    """Each live worker keeps two pidfds open in the scheduler; a common soft limit of 1,024
+    would cap max_running near 400. The soft limit goes up to the hard one."""
+    import resource
+
+    hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
+    limit, needed, in_force = limits_after_open_files_for(256, hard, 64)
+    assert needed == processes.FDS_PER_WORKER * 64 + processes.FDS_BESIDES_WORKERS
+    assert limit == in_force == hard
+
+
+def test_a_hard_limit_below_the_need_is_reported_not_hidden() -> None:
+    limit, needed, in_force = limits_after_open_files_for(256, 300, 1024)
+    assert (limit, in_force) == (300, 300) and needed > limit  # the scheduler logs open_files_limit_low

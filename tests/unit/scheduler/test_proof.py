@@ -373,3 +373,33 @@ async def test_no_pidfd_outlives_its_attempt(tmp_path: Path) -> None:
     finally:
         if not closed:
             await h.close()
+
+
+def test_dropping_an_attempt_kills_what_of_its_group_a_process_table_read_missed() -> None:
+    """``drop`` is the conclusion that nothing of the attempt lives. A process-table read is no
+    snapshot (a member that forks and exits while the read walks /proc can leave none of its
+    generations in it), so the group gets a last SIGKILL through the kept pidfd — here a member
+    the conclusion overlooked, after its leader was reaped."""
+    own = Ownership(proctree.process_table, lambda: set(), reap_unknown=False)
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 60 & echo $!; exit 0"], start_new_session=True, stdout=subprocess.PIPE
+    )
+    attempt = Attempt(
+        attempt_id="d" * 32, task_id="t" * 32, number=1, boot_id="b", token_hash="h", pid=leader.pid, pgid=leader.pid
+    )
+    own.owned[attempt.attempt_id] = attempt
+    own.keep_group(attempt, os.pidfd_open(leader.pid))
+    assert leader.stdout is not None
+    member = int(leader.stdout.readline())
+    leader.wait()
+    try:
+        assert proctree.read_stat(member) is not None and proctree.read_stat(member).alive  # type: ignore[union-attr]
+        own.drop(attempt)
+        deadline = time.monotonic() + 5
+        while (stat := proctree.read_stat(member)) is not None and stat.alive:
+            assert time.monotonic() < deadline, "the overlooked member lives on after the drop"
+            time.sleep(0.01)
+        assert own._group_fds == {} and attempt.attempt_id not in own.owned
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
