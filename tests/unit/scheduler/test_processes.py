@@ -89,16 +89,25 @@ def group_left_by_an_exited_leader(own_session: bool = True) -> tuple[int, proct
     """A real group whose leader exited and was reaped, one member (``sleep 60``) living on:
     (the group id, the member). The leader starts a session (as a worker's does), or only a
     group in this process's session. The caller kills the group."""
+    pgid, member, _ = group_left_by_a_leader(own_session)
+    return pgid, member
+
+
+def group_left_by_a_leader(own_session: bool = True, keep_pidfd: bool = False) -> tuple[int, proctree.ProcStat, int]:
+    """``group_left_by_an_exited_leader``, and with ``keep_pidfd`` a pidfd opened on the leader
+    before its reap, as the scheduler keeps one on each leader it spawns (-1 without; the caller
+    closes it)."""
     leader = subprocess.Popen(
         ["sh", "-c", "sleep 60 & exit 0"], **({"start_new_session": True} if own_session else {"process_group": 0})
     )
+    fd = os.pidfd_open(leader.pid) if keep_pidfd else -1
     leader.wait()
     deadline = time.monotonic() + 5
     while not (members := proctree.live_group_members(proctree.process_table(), leader.pid)):
         assert time.monotonic() < deadline, "the shell's child did not show"
         time.sleep(0.01)
     (member,) = members
-    return leader.pid, member
+    return leader.pid, member, fd
 
 
 async def test_a_group_whose_leader_is_gone_and_whose_members_all_came_later_is_never_signalled() -> None:
@@ -626,16 +635,9 @@ async def test_a_leaderless_group_the_table_cannot_prove_is_stopped_through_the_
     shows the group id was the attempt's, so the table alone cannot tell it from another
     program's group that took the id. The pidfd kept on the leader can: the kernel signals the
     group of that very process, and the member is stopped for certain."""
-    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
-    fd = os.pidfd_open(leader.pid)
+    pgid, member, fd = group_left_by_a_leader(keep_pidfd=True)
     try:
-        leader.wait()
-        deadline = time.monotonic() + 5
-        while not (members := proctree.live_group_members(proctree.process_table(), leader.pid)):
-            assert time.monotonic() < deadline, "the shell's child did not show"
-            time.sleep(0.01)
-        (member,) = members
-        record = attempt_for(leader.pid, member.start_time - 50)
+        record = attempt_for(pgid, member.start_time - 50)
         record.group_held_ticks = member.start_time - 10
         # The table alone: unproven, nothing signalled (as before a pidfd was kept).
         alone = await processes.stop_tree(record, grace_s=0.1, confirm_s=0.1)
@@ -647,7 +649,7 @@ async def test_a_leaderless_group_the_table_cannot_prove_is_stopped_through_the_
     finally:
         os.close(fd)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(leader.pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
 
 
 @needs_ns_last_pid
@@ -707,16 +709,9 @@ async def test_a_kernel_without_group_signals_through_a_pidfd_falls_back_to_what
         real(fd, sig, siginfo, flags)
 
     monkeypatch.setattr(signal, "pidfd_send_signal", without_group_flag)
-    leader = subprocess.Popen(["sh", "-c", "sleep 60 & exit 0"], start_new_session=True)
-    fd = os.pidfd_open(leader.pid)
+    pgid, member, fd = group_left_by_a_leader(keep_pidfd=True)
     try:
-        leader.wait()
-        deadline = time.monotonic() + 5
-        while not (members := proctree.live_group_members(proctree.process_table(), leader.pid)):
-            assert time.monotonic() < deadline, "the shell's child did not show"
-            time.sleep(0.01)
-        (member,) = members
-        record = attempt_for(leader.pid, member.start_time - 50)
+        record = attempt_for(pgid, member.start_time - 50)
         record.group_held_ticks = member.start_time  # its leader was reaped after the member started
         status = await processes.stop_tree(record, grace_s=0.5, confirm_s=2, ctx=through(fd))
         assert refused, "the kept pidfd was not tried"
@@ -724,7 +719,7 @@ async def test_a_kernel_without_group_signals_through_a_pidfd_falls_back_to_what
     finally:
         os.close(fd)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(leader.pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def limits_after_open_files_for(soft: int, hard: int, max_running: int) -> tuple[int, int, int]:
