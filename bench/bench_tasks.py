@@ -33,8 +33,17 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lean_http import LeanClient  # noqa: E402
-from bench.stats import CpuTimes, create_cost_us, data_disk, pct, store_counters  # noqa: E402
+from bench.stats import (  # noqa: E402
+    CpuTimes,
+    create_cost_us,
+    data_disk,
+    launch_step_means_ms,
+    launch_steps,
+    pct,
+    store_counters,
+)
 from libs.grpc_client import aio_channel  # noqa: E402
+from services.scheduler.metrics import LAUNCH_STEPS  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
@@ -283,11 +292,15 @@ def cpu_line(per_task: dict[str, float]) -> str:
     )
 
 
-async def store_counters_of(metrics_url: str) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
-    """The scheduler's store units and group-commit counters so far (``stats.store_counters``)."""
+async def scheduler_counters_of(
+    metrics_url: str,
+) -> tuple[tuple[dict[str, tuple[float, float]], dict[str, float]], dict[str, tuple[float, float]]]:
+    """The scheduler's store units and group-commit counters so far (``stats.store_counters``),
+    and its launch steps (``stats.launch_steps``), from one read of its metrics."""
     async with httpx.AsyncClient(timeout=10) as http:
         page = (await http.get(metrics_url)).text
-    return store_counters(text_string_to_metric_families(page))
+    families = list(text_string_to_metric_families(page))
+    return store_counters(families), launch_steps(families)
 
 
 def store_per_task(
@@ -343,6 +356,16 @@ def threads_line(per_task: dict[str, float]) -> str:
     shown = [k for k in kinds if per_task[f"thread:{k}"] >= 0.01]
     parts = [f"{k} {per_task[f'thread:{k}']:.2f} (sys {per_task.get(f'thread:{k}:sys', 0.0):.2f})" for k in shown]
     return "scheduler threads ms/task: " + ", ".join(parts)
+
+
+def launch_line(figures: dict[str, float]) -> str:
+    """The mean wall time of each launch step (the scheduler's taskgate_task_launch_step_seconds):
+    where a launch waits between its claim and its worker committed running."""
+    steps = [(step, figures[f"launch:{step}"]) for step in LAUNCH_STEPS if f"launch:{step}" in figures]
+    if not steps:
+        return "launch steps: none timed"
+    parts = ", ".join(f"{step} {ms:.1f}" for step, ms in steps)
+    return f"launch steps, mean wall ms: {parts} (claim -> running {sum(ms for _, ms in steps):.1f})"
 
 
 def conditions_line(figures: dict[str, float]) -> str:
@@ -442,7 +465,7 @@ async def throughput_round(
             create = lean.request("POST", path, headers, json.dumps({"title": "b", "profile": "true"}).encode())
             poll = lean.request("GET", f"{path}?page_size=1", headers)
             meter = CpuMeter(pids)
-            store_before = await store_counters_of(stack.metrics_url("scheduler"))
+            store_before, steps_before = await scheduler_counters_of(stack.metrics_url("scheduler"))
             # What a worker's log file costs to create right now, on the disk its logs go to.
             create_us = create_cost_us(Path(tmp) / "create-probe")
             meter.start()
@@ -464,7 +487,9 @@ async def throughput_round(
             total_s = time.perf_counter() - began
             machine_busy = CpuTimes.now().busy_share_since(machine_before)
             meter.stop()
-            store = store_per_task(store_before, await store_counters_of(stack.metrics_url("scheduler")), n)
+            store_after, steps_after = await scheduler_counters_of(stack.metrics_url("scheduler"))
+            store = store_per_task(store_before, store_after, n)
+            steps = launch_step_means_ms(steps_before, steps_after)
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
             base = f"{stack.http_url}{path.removesuffix('/tasks')}"
             r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
@@ -480,6 +505,7 @@ async def throughput_round(
             "gateway_per_create": gateway_create_ms,
             "polls": float(polls),
             "creates_share": creates_s / total_s,
+            **{f"launch:{step}": ms for step, ms in steps.items()},
             "file_create_us": create_us,
             "machine_busy": machine_busy,
             # Cores the scheduler kept busy: one process, most of its work under one GIL.
@@ -556,11 +582,12 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
         extra["file_create_us"] = cpu["file_create_us"]
         extra["machine_busy_share"] = cpu["machine_busy"]
         extra["scheduler_cores"] = cpu["scheduler_cores"]
+        extra.update({f"launch_{k.removeprefix('launch:')}_ms": v for k, v in cpu.items() if k.startswith("launch:")})
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
             f"round {r + 1}/{rounds}: {rate:7.1f} tasks/s, created->ended p50 {pct(latencies, 0.5):7.1f} ms, "
             f"load {os.getloadavg()[0]:.2f}\n  {cpu_line(cpu)}\n  {threads_line(cpu)}\n  {units_line(cpu)}\n"
-            f"  {conditions_line(cpu)}",
+            f"  {launch_line(cpu)}\n  {conditions_line(cpu)}",
             flush=True,
         )
     names = {name for c in cpus for name in c}
@@ -573,6 +600,7 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
         f"  {cpu_line(median_cpu)}\n"
         f"  {threads_line(median_cpu)}\n"
         f"  {units_line(median_cpu)}\n"
+        f"  {launch_line(median_cpu)}\n"
         f"  {conditions_line(median_cpu)}\n"
         f"  (client: the lean load generator, bench/lean_http.py; reproduce: "
         f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds}"

@@ -118,3 +118,30 @@ def store_counters(families: Iterable[Any]) -> tuple[dict[str, tuple[float, floa
             if which is not None:
                 units.setdefault(sample.labels["unit"], [0.0, 0.0])[which] = sample.value
     return {unit: (count, cpu) for unit, (count, cpu) in units.items()}, group
+
+
+def launch_steps(families: Iterable[Any]) -> dict[str, tuple[float, float]]:
+    """From a scheduler's metric families: ``taskgate_task_launch_step_seconds`` so far, (count,
+    seconds) per step."""
+    steps: dict[str, list[float]] = {}
+    for family in families:
+        for sample in family.samples:
+            which = {
+                "taskgate_task_launch_step_seconds_count": 0,
+                "taskgate_task_launch_step_seconds_sum": 1,
+            }.get(sample.name)
+            if which is not None:
+                steps.setdefault(sample.labels["step"], [0.0, 0.0])[which] = sample.value
+    return {step: (count, seconds) for step, (count, seconds) in steps.items()}
+
+
+def launch_step_means_ms(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """The mean wall ms of each launch step between two reads (steps no launch finished: absent)."""
+    means = {}
+    for step, (count, seconds) in after.items():
+        count0, seconds0 = before.get(step, (0.0, 0.0))
+        if count > count0:
+            means[step] = 1000 * (seconds - seconds0) / (count - count0)
+    return means

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import os
 import secrets
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ import structlog
 from libs.settings import WorkerProfile
 from services.scheduler import cgroups, containers, domain, processes
 from services.scheduler.dispatch_targets import TargetDispatcher
+from services.scheduler.metrics import LAUNCH_STEP, LAUNCH_STEPS
 from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutcome, State, Task
 from services.scheduler.runtime import LiveAttempt, Runtime, hash_token, woken
 from services.scheduler.settling import Settler
@@ -59,6 +61,10 @@ def worker_env(
         env["TASKGATE_RESUME"] = "1"
         env["TASKGATE_LAST_PROGRESS"] = resume.last_progress or ""
     return env
+
+
+# The launch-step histogram's children, made once (``libs.metrics.Children`` explains why).
+_STEP_SECONDS = {step: LAUNCH_STEP.labels(step) for step in LAUNCH_STEPS}
 
 
 class Launcher:
@@ -185,7 +191,9 @@ class Launcher:
             # transaction. Committed before the fork: whatever happens next, recovery finds the
             # row; and only while the task is still queued and this host's (another host's cancel
             # or a lost-host sweep may have come first).
+            marks = [time.perf_counter()]  # the steps' ends, for taskgate_task_launch_step_seconds
             begun = await rt.store.begin_launch(task_id, plan)
+            marks.append(time.perf_counter())
             if begun is None:
                 return False
             task, previous, planned = begun
@@ -232,6 +240,7 @@ class Launcher:
                     attempt=attempt,
                 )
                 return False
+            marks.append(time.perf_counter())
             live.process = launched.process
             launched.process.attempt = attempt
             attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time
@@ -242,6 +251,7 @@ class Launcher:
                 rt.ownership.keep_group(attempt, launched.process.duplicate_pidfd())
                 # The identity is committed while the worker is still held before exec.
                 await rt.store.save_attempt(attempt)
+                marks.append(time.perf_counter())
                 launched.release()
                 if rt.tasks_cfg.fault_hold_launch_ms:
                     log.warning("fault_hold_launch", task_id=task_id, pid=launched.pid)
@@ -276,6 +286,9 @@ class Launcher:
                 rt.spawn(self.stopper.stop_and_settle(live, domain.requested_stop(task), "stopped on request"))
                 return True
             rt.published(stored, task)
+            marks.append(time.perf_counter())
+            for step, began, ended in zip(LAUNCH_STEPS, marks[:-1], marks[1:], strict=True):
+                _STEP_SECONDS[step].observe(ended - began)
             if domain.host_lost_here(task, rt.host_id):
                 log.warning("launched_while_host_lost", task_id=task_id, attempt=attempt.number, pid=launched.pid)
             log.info("worker_started", task_id=task_id, attempt=attempt.number, pid=launched.pid)

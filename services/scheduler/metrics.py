@@ -44,6 +44,18 @@ STORE_UNIT_CPU = Counter(
     "CPU time of the database thread inside each kind of store unit (committed or not)",
     ["unit"],
 )
+# A launch's wall time by step, from its claim to its worker committed running: where a launch
+# waits (for the group commit, for a spawn thread, for the CPU) when the host is busy.
+LAUNCH_STEP = Histogram(
+    "taskgate_task_launch_step_seconds",
+    "Wall time of each step of a launch: claim_commit (the task, its earlier attempts and the "
+    "launching attempt, one transaction), spawn (log file, cgroup, held fork/exec, start time; "
+    "with its wait for a thread), identity_commit (pid and start time, worker still held), "
+    "running_commit (released, the task running)",
+    ["step"],
+    buckets=LATENCY_BUCKETS,
+)
+LAUNCH_STEPS = ("claim_commit", "spawn", "identity_commit", "running_commit")
 QUEUE_WAIT = Histogram(
     "taskgate_task_queue_wait_seconds",
     "From a task becoming queued to the dispatcher starting its launch (waiting for a slot)",

@@ -49,3 +49,25 @@ def test_create_probe_makes_new_files_each_time_and_leaves_them(tmp_path: Path) 
     # Left in place: deleting them would charge the next creates on a disk without a journal.
     assert len(files) == 32
     assert all(f.stat().st_size == 0 and f.stat().st_mode & 0o777 == 0o600 for f in files)
+
+
+def test_launch_step_means_are_per_launch_between_two_reads() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from bench.stats import launch_step_means_ms, launch_steps
+
+    def page(spawn_count: int, spawn_sum: float) -> dict[str, tuple[float, float]]:
+        text = (
+            "# TYPE taskgate_task_launch_step_seconds histogram\n"
+            f'taskgate_task_launch_step_seconds_count{{step="spawn"}} {spawn_count}\n'
+            f'taskgate_task_launch_step_seconds_sum{{step="spawn"}} {spawn_sum}\n'
+            'taskgate_task_launch_step_seconds_count{step="identity_commit"} 3\n'
+            'taskgate_task_launch_step_seconds_sum{step="identity_commit"} 0.03\n'
+        )
+        return launch_steps(text_string_to_metric_families(text))
+
+    before, after = page(3, 0.06), page(7, 0.26)
+    assert after["spawn"] == (7, 0.26)
+    means = launch_step_means_ms(before, after)
+    # 4 spawns took 0.2 s between the reads: 50 ms each; no identity commit finished meanwhile.
+    assert means == {"spawn": pytest.approx(50.0)}

@@ -298,3 +298,46 @@ async def test_the_dispatch_loop_fills_a_freed_slot_while_another_launch_is_stil
             dispatcher.cancel()
             await asyncio.gather(dispatcher, return_exceptions=True)
         await h.close()
+
+
+def launch_steps() -> dict[str, tuple[float, float]]:
+    """taskgate_task_launch_step_seconds so far: (count, sum) per step."""
+    from prometheus_client import REGISTRY
+
+    from services.scheduler.metrics import LAUNCH_STEPS
+
+    def value(name: str, step: str) -> float:
+        return REGISTRY.get_sample_value(name, {"step": step}) or 0.0
+
+    return {
+        step: (
+            value("taskgate_task_launch_step_seconds_count", step),
+            value("taskgate_task_launch_step_seconds_sum", step),
+        )
+        for step in LAUNCH_STEPS
+    }
+
+
+async def test_each_launch_times_its_steps_and_a_failed_one_none(tmp_path: Path) -> None:
+    """A launch that reaches `running` observes its four steps once each, and together they
+    cover its claim-to-running time; one that fails at the spawn observes none."""
+    h = await start_harness(tmp_path, workers={"missing": WorkerProfile(command=["/nonexistent/worker"])})
+    try:
+        before = launch_steps()
+        began = time.perf_counter()
+        task = await h.create("sleeper")
+        assert await h.engine.dispatch_once() == 1
+        await h.wait(task.task_id, [State.RUNNING])
+        took = time.perf_counter() - began
+        after = launch_steps()
+        for step, (count, total) in after.items():
+            assert count == before[step][0] + 1, step
+            assert total >= before[step][1], step
+        spent = sum(after[step][1] - before[step][1] for step in after)
+        assert 0 < spent <= took
+        failing = await h.create("missing")
+        await h.engine.dispatch_once()
+        await h.wait(failing.task_id, [State.FAILED])
+        assert launch_steps() == after, "a failed launch is not timed as one that ran"
+    finally:
+        await h.close()
