@@ -22,8 +22,8 @@ import structlog
 from libs.settings import WorkerProfile
 from services.scheduler import cgroups, containers, domain, processes
 from services.scheduler.dispatch_targets import TargetDispatcher
-from services.scheduler.metrics import LAUNCH_STEP, LAUNCH_STEPS
 from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutcome, State, Task
+from services.scheduler.metrics import LAUNCH_STEP, LAUNCH_STEPS
 from services.scheduler.runtime import LiveAttempt, Runtime, hash_token, woken
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
