@@ -119,11 +119,14 @@ def signal_led_group(pidfd: int, sig: int) -> bool | None:
 
     True: the group had members (zombies count) and got the signal; False: it has none left,
     and since a group that emptied can never regain members, none of it can come back; None:
-    this kernel cannot signal a group through a pidfd (before Linux 6.9), nothing was sent."""
+    nothing could go through it — a kernel before Linux 6.9, or no member this process may
+    signal — so the caller decides as it would without the pidfd."""
     try:
         signal.pidfd_send_signal(pidfd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        return None
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             return None

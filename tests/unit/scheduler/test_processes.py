@@ -759,3 +759,15 @@ def test_the_scheduler_raises_its_open_files_limit_to_the_hard_limit() -> None:
 def test_a_hard_limit_below_the_need_is_reported_not_hidden() -> None:
     limit, needed, in_force = limits_after_open_files_for(256, 300, 1024)
     assert (limit, in_force) == (300, 300) and needed > limit  # the scheduler logs open_files_limit_low
+
+
+def test_a_group_this_process_may_not_signal_is_no_answer_through_the_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EPERM (no member this process may signal): neither "signalled" nor "empty" — the caller
+    falls back to what the process table proves, as without the pidfd."""
+    import errno
+
+    def refuses(fd: int, sig: int, siginfo: Any = None, flags: int = 0) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(signal, "pidfd_send_signal", refuses)
+    assert proctree.signal_led_group(-1, 0) is None
