@@ -99,13 +99,13 @@ def signal_identified(pid: int, start_time: int, sig: int, group: bool = False) 
         if not group:
             signal.pidfd_send_signal(fd, sig)
             return True
-        try:
-            signal.pidfd_send_signal(fd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            os.killpg(pid, sig)  # kernel before 6.9: by number, the window this closes elsewhere
-        return True
+        sent = signal_led_group(fd, sig)
+        if sent is None:
+            # A kernel before 6.9, or no member this process may signal: by number, the window
+            # this closes elsewhere (a refusal is raised from here as it always was).
+            os.killpg(pid, sig)
+            return True
+        return sent  # False: the leader died since its identity was read
     except ProcessLookupError:
         return False
     finally:
