@@ -31,6 +31,19 @@ $(HOLD): $(HOLD).c
 		echo "note: no C compiler for x86-64 Linux here: workers are held by /bin/sh ([tasks] worker_hold)"; \
 	fi
 
+# The spawn helper (services/scheduler/hold/taskgate-spawn.c, Linux): starts held workers as
+# the scheduler's children. Without it the scheduler spawns them itself ([tasks] worker_spawn).
+SPAWN := services/scheduler/hold/taskgate-spawn
+SPAWN_CFLAGS := -O2 -Wall -Wextra -Werror
+$(SPAWN): $(SPAWN).c
+	@if [ "$$(uname -s)" = Linux ] && command -v $(CC) >/dev/null 2>&1; then \
+		echo "$(CC) $(SPAWN_CFLAGS) -o $@ $<"; \
+		$(CC) $(SPAWN_CFLAGS) -o $@.tmp $< && chmod 755 $@.tmp && mv -f $@.tmp $@; \
+	else \
+		echo "note: no C compiler here: the scheduler spawns workers itself ([tasks] worker_spawn)"; \
+	fi
+hold: $(SPAWN)
+
 # (Re)create the environment when the lock or the project metadata changes.
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,24 +52,24 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
-run: $(STAMP) bytecode $(HOLD)
+run: $(STAMP) bytecode $(HOLD) $(SPAWN)
 	$(PY) scripts/devrun.py
 
 # Two worker processes, each test file on one of them (its module fixtures start once);
 # TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
-test: $(STAMP) bytecode $(HOLD)
+test: $(STAMP) bytecode $(HOLD) $(SPAWN)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Kills every service in turn, SIGTERMs the stack, fills the disk (SQLite and PostgreSQL);
 # prints its figures. Not part of `make test` (the `chaos` marker is deselected there).
-chaos: $(STAMP) bytecode $(HOLD)
+chaos: $(STAMP) bytecode $(HOLD) $(SPAWN)
 	$(PY) -m pytest -q -s -m chaos tests/chaos
 
 # The schemathesis fuzz of the REST API, deeper than in `make test` (FUZZ_EXAMPLES per operation
 # in its fuzzing phase; the suite uses 12).
 FUZZ_EXAMPLES ?= 100
-fuzz: $(STAMP) bytecode $(HOLD)
+fuzz: $(STAMP) bytecode $(HOLD) $(SPAWN)
 	TASKGATE_FUZZ_MAX_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/e2e/test_openapi_fuzz.py
 
 $(PEERS_STAMP): bench/peers/requirements.txt
@@ -66,11 +79,11 @@ $(PEERS_STAMP): bench/peers/requirements.txt
 	@touch $(PEERS_STAMP)
 
 # Every benchmark, then taskgate next to Huey, procrastinate, Celery and the spawn floor.
-bench: $(STAMP) $(PEERS_STAMP) $(HOLD)
+bench: $(STAMP) $(PEERS_STAMP) $(HOLD) $(SPAWN)
 	$(PY) bench/run_all.py --peers-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
 
 # The comparison alone (BENCH_ARGS="--quick" for a smoke run, "--only huey,celery" for a subset).
-bench-peers: $(STAMP) $(PEERS_STAMP) $(HOLD)
+bench-peers: $(STAMP) $(PEERS_STAMP) $(HOLD) $(SPAWN)
 	$(PY) bench/compare_peers.py --peers-python $(PEERS_VENV)/bin/python $(BENCH_ARGS)
 
 proto: $(STAMP)
@@ -86,4 +99,4 @@ lint: $(STAMP)
 	$(PY) -m mypy libs services gateway_http
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache $(HOLD)
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache $(HOLD) $(SPAWN)

@@ -233,6 +233,24 @@ def own_cpu_seconds() -> float:
 
 # The per-process CPU breakdown, in this order; "client" is this process (the load generator).
 CPU_PROCESSES = ("scheduler", "gateway", "notifier", "telemetry", "pending")
+# With the spawn helper (services/scheduler/hold/taskgate-spawn, a child of the scheduler):
+# its CPU, counted with the services.
+SPAWN_HELPER = "spawner"
+
+
+def spawn_helper_pid(scheduler_pid: int) -> int | None:
+    """The scheduler's spawn helper (its child named taskgate-spawn), if it runs one."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "taskgate-spawn":
+                continue
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == scheduler_pid:
+                return int(entry.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -266,6 +284,7 @@ class CpuMeter:
 
     def _sample(self) -> dict[str, float]:
         out = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        out.setdefault(SPAWN_HELPER, 0.0)
         out["workers"] = children_cpu_seconds(self.pids["scheduler"])
         out["client"] = own_cpu_seconds()
         out.update({f"thread:{kind}": s for kind, s in thread_cpu_seconds(self.pids["scheduler"]).items()})
@@ -283,8 +302,8 @@ class CpuMeter:
 
 
 def cpu_line(per_task: dict[str, float]) -> str:
-    services = sum(per_task[name] for name in CPU_PROCESSES)
-    parts = [f"{name} {per_task[name]:.2f}" for name in (*CPU_PROCESSES, "client")]
+    services = sum(per_task[name] for name in (*CPU_PROCESSES, SPAWN_HELPER))
+    parts = [f"{name} {per_task[name]:.2f}" for name in (*CPU_PROCESSES, SPAWN_HELPER, "client")]
     return (
         f"CPU ms/task: {', '.join(parts)} (services {services:.2f}; workers, reaped {per_task['workers']:.2f}; "
         f"gateway per create request {per_task['gateway_per_create']:.2f}, {per_task['polls']:.0f} list polls; "
@@ -442,6 +461,9 @@ async def throughput_round(
             proc = stack.procs[name].proc
             assert proc is not None
             pids[name] = proc.pid
+        helper = spawn_helper_pid(pids["scheduler"])
+        if helper is not None:
+            pids[SPAWN_HELPER] = helper
         spy = None
         if profile_to:
             spy = await asyncio.create_subprocess_exec(
@@ -560,7 +582,7 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
         all_latencies.extend(latencies)
         all_to_start.extend(to_start)
         all_running.extend(running)
-        extra = {f"{name}_cpu_ms_per_task": cpu[name] for name in (*CPU_PROCESSES, "workers", "client")}
+        extra = {f"{name}_cpu_ms_per_task": cpu[name] for name in (*CPU_PROCESSES, SPAWN_HELPER, "workers", "client")}
         extra.update(
             {
                 f"scheduler_thread_{k.removeprefix('thread:').replace(':', '_')}_cpu_ms_per_task": v

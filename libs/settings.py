@@ -58,6 +58,11 @@ class TaskSettings(_Frozen):
     # start without it), "sh" (/bin/sh) or "auto" (the compiled one where it is built, safe
     # and runs, else /bin/sh).
     worker_hold: Literal["auto", "compiled", "sh"] = "auto"
+    # Who spawns workers: "helper" (services/scheduler/hold/taskgate-spawn, built by `make`,
+    # a child of the scheduler that starts them as the scheduler's children; the scheduler
+    # refuses to start without it), "scheduler" (the scheduler itself, on a thread) or
+    # "auto" (the helper where it is built, safe and starts, else the scheduler).
+    worker_spawn: Literal["auto", "helper", "scheduler"] = "auto"
     # The Git project an "isolated-worktree" profile makes each task's worktree from
     # (a profile's own project_root wins). Empty: no project.
     project_root: str = ""

@@ -29,7 +29,7 @@ import structlog
 from libs import proctree
 from libs.clock import Clock, SystemClock
 from libs.settings import Settings
-from services.scheduler import domain, processes, skills
+from services.scheduler import domain, processes, skills, spawner
 from services.scheduler.catalog import TaskCatalog, TaskPage
 from services.scheduler.crons import CronRunner
 from services.scheduler.dispatch_targets import TargetDispatcher
@@ -59,6 +59,7 @@ from services.scheduler.runtime import (
     hash_token,
 )
 from services.scheduler.settling import Settler
+from services.scheduler.spawner import SpawnHelper
 from services.scheduler.stopping import Stopper
 from services.scheduler.store import SchedulerStore
 from services.scheduler.subtasks import SubTasks
@@ -170,6 +171,7 @@ class Engine:
             requested=rt.tasks_cfg.worker_hold,
             fallback_reason=rt.hold.fallback_reason or None,
         )
+        rt.spawner = await self._start_spawner()
         await self.recover()
         await rt.ownership.sweep()  # what recovery did not need is an empty leftover
         if run_loops:
@@ -191,6 +193,28 @@ class Engine:
                 self._loops.append(asyncio.create_task(self.crons.loop(), name="crons"))
         rt.wake.set()
 
+    async def _start_spawner(self) -> SpawnHelper | None:
+        """The spawn helper as ``[tasks] worker_spawn`` asks (None: the scheduler spawns)."""
+        mode = self.runtime.tasks_cfg.worker_spawn
+        helper, why = None, ""
+        if mode != "scheduler":
+            why = await asyncio.to_thread(processes.unsafe_program, spawner.SPAWN_PROGRAM, False)
+            if not why:
+                try:
+                    helper = spawner.SpawnHelper.start()  # here: a child of this thread, not a pool's
+                except OSError as exc:
+                    why = f"{spawner.SPAWN_PROGRAM}: {exc}"
+            if helper is None and mode == "helper":
+                raise RuntimeError(f"worker_spawn = helper, but {why} (run `make hold`)")
+        log.info(
+            "worker_spawn",
+            by="helper" if helper is not None else "scheduler",
+            pid=helper.pid if helper is not None else None,
+            requested=mode,
+            fallback_reason=why or None,
+        )
+        return helper
+
     async def shutdown(self) -> None:
         """Stop every running worker and re-queue its task for resumption."""
         rt = self.runtime
@@ -205,6 +229,8 @@ class Engine:
             return_exceptions=True,
         )
         await rt.drain_background()
+        if rt.spawner is not None:
+            await rt.spawner.close()
         await rt.ownership.close()
         try:
             # Every worker was stopped and its task re-queued (released); claims not yet

@@ -223,8 +223,10 @@ class Launcher:
                     token,
                     run_as=run_as,
                     cgroup=Path(attempt.cgroup) if attempt.cgroup else None,
+                    cgroup_v1=rt.ownership.cgroups is not None and rt.ownership.cgroups.version == 1,
                     on_spawn=lambda pid: rt.ownership.spawned(attempt.attempt_id, pid),
                     hold=rt.hold,
+                    spawner=rt.spawner,
                 )
             except Exception as exc:  # any failure, not only OSError: never a queued task holding a slot
                 log.error("launch_failed", task_id=task_id, attempt=attempt.number, error=repr(exc))

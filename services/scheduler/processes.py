@@ -39,7 +39,9 @@ import structlog
 from libs import proctree
 from libs.settings import WorkerProfile
 from services.scheduler import cgroups, worker_log
+from services.scheduler import spawner as spawner_mod
 from services.scheduler.domain import Attempt, ProcessIdentity
+from services.scheduler.spawner import SpawnHelper, SpawnHelperGone, SpawnRequestTooLarge
 
 log = structlog.get_logger("scheduler")
 
@@ -127,14 +129,17 @@ class WorkerProcess:
     subreaper reaps re-parented orphans by pid, never a leader.
     """
 
-    def __init__(self, popen: subprocess.Popen[Any]) -> None:
-        self._popen = popen  # kept: a collected Popen would reap the pid behind our back
-        self.pid = popen.pid
+    def __init__(self, pid: int, pidfd: int | None = None, popen: subprocess.Popen[Any] | None = None) -> None:
+        """``pidfd``: one already open on ``pid`` (taken over), else one is opened here;
+        ``popen``: the ``subprocess`` object that spawned it, if any (kept: a collected Popen
+        would reap the pid behind our back)."""
+        self._popen = popen
+        self.pid = pid
         self.returncode: int | None = None
         # Opened at once: the pid is still ours. The trampoline is held, and one that already
         # died (say it could not switch users) is a zombie nobody reaps: the subreaper leaves
         # the children of a launch's fork window alone (``Ownership.reap``).
-        self._pidfd = os.pidfd_open(self.pid)
+        self._pidfd = pidfd if pidfd is not None else os.pidfd_open(self.pid)
         self._done: asyncio.Future[int] | None = None
         # The attempt this process leads (set by the launcher): its group is marked held just
         # before the reap, the last moment the exited leader keeps the group id from reuse.
@@ -197,7 +202,9 @@ class WorkerProcess:
             log.warning("worker_exit_status_lost", pid=self.pid)
             if self.attempt is not None:  # and when its group id was freed is unknown: no mark
                 self.attempt.group_held_ticks = held_before
-        self.returncode = self._popen.returncode = code
+        self.returncode = code
+        if self._popen is not None:
+            self._popen.returncode = code
         return code
 
 
@@ -233,7 +240,7 @@ class Hold:
     fallback_reason: str = ""
 
 
-def _unsafe_program(program: Path, other_users: bool) -> str:
+def unsafe_program(program: Path, other_users: bool) -> str:
     """Why ``program`` must not hold workers ("" when it may). Every worker runs it, so only
     root or this service's user may be able to replace it: the file and each folder above it
     belong to one of them and nobody else can write to them (a sticky folder such as /tmp
@@ -278,7 +285,7 @@ def choose_hold(mode: str, program: Path = HOLD_PROGRAM, other_users: bool = Fal
     ``other_users``: some profile runs its workers as a user other than the scheduler's."""
     if mode == "sh":
         return Hold(SH_HOLD, "sh")
-    why = _unsafe_program(program, other_users) or _probe(program)
+    why = unsafe_program(program, other_users) or _probe(program)
     if not why:
         return Hold((str(program),), "compiled")
     if mode == "compiled":
@@ -313,14 +320,18 @@ def _executable(argv0: str, path_env: str | None) -> bool:
     return True
 
 
+def _make_workspace(cwd: Path, run_as: RunAs | None) -> None:
+    cwd.mkdir(parents=True, exist_ok=True)
+    if run_as is not None:
+        os.chown(cwd, run_as.uid, run_as.gid)  # a fresh workspace belongs to the worker's user
+
+
 def _prepare(cwd: Path, log_path: Path, argv0: str, path_env: str | None, run_as: RunAs | None) -> BinaryIO:
     # The shell would only say "not found" after the release; fail the launch now instead.
     if not _executable(argv0, path_env):
         raise FileNotFoundError(2, "no such executable", argv0)
     if not cwd.exists():
-        cwd.mkdir(parents=True, exist_ok=True)
-        if run_as is not None:
-            os.chown(cwd, run_as.uid, run_as.gid)  # a fresh workspace belongs to the worker's user
+        _make_workspace(cwd, run_as)
     return os.fdopen(worker_log.open_for_worker(log_path), "ab")
 
 
@@ -333,23 +344,39 @@ async def launch(
     *,
     run_as: RunAs | None = None,
     cgroup: Path | None = None,
+    cgroup_v1: bool = False,
     on_spawn: Callable[[int], None] | None = None,
     hold: Hold | None = None,
+    spawner: SpawnHelper | None = None,
 ) -> Launched:
     """Spawn the worker held before exec, in ``cgroup`` when given; ``release()`` runs it.
     ``hold`` is what holds it (``choose_hold``; the shell when not given).
 
-    The blocking steps (log file, fork/exec, moving into the cgroup, reading the kernel
-    start time) run in one hop to a thread: off the event loop, and one hop, not four.
-    ``on_spawn(pid)`` is called from that thread as soon as the fork returns.
+    With a running ``spawner`` the spawn helper starts it (``spawner``: no thread, none of
+    its steps in this process). Else, or when the helper is gone, the blocking steps (log
+    file, fork/exec, moving into the cgroup, reading the kernel start time) run here in one
+    hop to a thread. ``on_spawn(pid)`` is called as soon as the pid is known.
     """
     argv = resolve_command(command)
-    go_r, go_w = os.pipe()
-    os.set_inheritable(go_w, False)
     held = [*(hold.prefix if hold is not None else SH_HOLD), *argv]
     if run_as is not None:
         # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
         held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
+    if spawner is not None and spawner.alive:
+        go_r, go_w = os.pipe()
+        try:
+            launched = await _spawn_by_helper(
+                spawner, held, argv[0], cwd, env, log_path, token, go_r, go_w, run_as, cgroup, cgroup_v1, on_spawn
+            )
+            return await _check_held(launched)
+        except (SpawnHelperGone, SpawnRequestTooLarge) as exc:
+            # A helper that died mid-request may have started a child on this hold pipe: it is
+            # closed (that child exits unreleased) and this spawn gets a pipe of its own.
+            os.close(go_w)
+            log.warning("worker_spawned_by_scheduler", reason=str(exc))
+        finally:
+            os.close(go_r)
+    go_r, go_w = os.pipe()
     try:
         process, start_time = await asyncio.to_thread(
             _spawn_held, held, argv[0], cwd, env, log_path, token, go_r, run_as, cgroup, on_spawn
@@ -364,6 +391,12 @@ async def launch(
     finally:
         os.close(go_r)
     launched = Launched(process=process, pid=process.pid, pgid=process.pid, start_time=start_time, go_fd=go_w)
+    return await _check_held(launched)
+
+
+async def _check_held(launched: Launched) -> Launched:
+    """The launched worker, unless it died while held: then the launch fails (and it is reaped)."""
+    process = launched.process
     try:
         if launched.start_time is None:
             # Died while held (it could not switch users, or was killed): fail the launch now,
@@ -378,6 +411,55 @@ async def launch(
         process.abandon()
         raise
     return launched
+
+
+async def _spawn_by_helper(
+    spawner: SpawnHelper,
+    held: list[str],
+    argv0: str,
+    cwd: Path,
+    env: Mapping[str, str],
+    log_path: Path,
+    token: str,
+    go_r: int,
+    go_w: int,
+    run_as: RunAs | None,
+    cgroup: Path | None,
+    cgroup_v1: bool,
+    on_spawn: Callable[[int], None] | None,
+) -> Launched:
+    """The held worker, started by the spawn helper (``go_w`` is closed if it cannot be)."""
+    try:
+        # The shell would only say "not found" after the release; fail the launch now instead.
+        if not _executable(argv0, env.get("PATH")):
+            raise FileNotFoundError(2, "no such executable", argv0)
+        worker_env = {**env, TOKEN_FD_ENV: str(spawner_mod.TOKEN_FD)}
+        for attempt in range(2):
+            tok_r, tok_w = os.pipe()
+            try:
+                try:
+                    os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
+                finally:
+                    os.close(tok_w)
+                # The services run with umask 077 (private files); a worker gets the usual one.
+                spawned = await spawner.spawn(held, cwd, worker_env, log_path, go_r, tok_r, cgroup, cgroup_v1, 0o022)
+                break
+            except FileNotFoundError as exc:
+                # A workspace not made yet (rare: asked of the disk only then, off the loop).
+                if attempt or getattr(exc, "spawn_step", None) != spawner_mod.STAGE_WORKSPACE:
+                    raise
+                await asyncio.to_thread(_make_workspace, cwd, run_as)
+            finally:
+                os.close(tok_r)
+    except (SpawnHelperGone, SpawnRequestTooLarge):
+        raise  # the caller closes the hold pipe and spawns it itself
+    except BaseException:
+        os.close(go_w)
+        raise
+    if on_spawn is not None:
+        on_spawn(spawned.pid)
+    process = WorkerProcess(spawned.pid, spawned.pidfd)
+    return Launched(process=process, pid=spawned.pid, pgid=spawned.pid, start_time=spawned.start_time, go_fd=go_w)
 
 
 class _SpawnedButUnplaced(Exception):
@@ -429,7 +511,7 @@ def _spawn_held(
         os.close(tok_r)
     if on_spawn is not None:
         on_spawn(popen.pid)
-    process = WorkerProcess(popen)
+    process = WorkerProcess(popen.pid, popen=popen)
     if cgroup is not None:
         try:
             cgroups.add(cgroup, process.pid)  # created with the log folder, before the fork

@@ -25,6 +25,7 @@ from services.scheduler.events import EventHub
 from services.scheduler.metrics import LifecycleMetrics
 from services.scheduler.ownership import Ownership
 from services.scheduler.scans import SharedScan
+from services.scheduler.spawner import SpawnHelper
 from services.scheduler.store import SchedulerStore, StoredEvent
 
 
@@ -147,6 +148,8 @@ class Runtime:
         self.run_as, self.cannot_run = processes.resolve_profiles(settings.workers)
         # What holds a worker until its release (chosen at start: ``processes.choose_hold``).
         self.hold = processes.Hold(processes.SH_HOLD, "sh")
+        # What spawns workers when not the scheduler itself (started at start: ``spawner``).
+        self.spawner: SpawnHelper | None = None
 
     @property
     def own(self) -> str | None:
@@ -158,7 +161,11 @@ class Runtime:
         return not self.multi_host or task.owner_host in (None, self.host_id)
 
     def leader_pids(self) -> set[int]:
-        return {la.attempt.pid for la in self.live.values() if la.attempt.pid is not None}
+        """Worker leaders, with the spawn helper: children of this process that are never orphans."""
+        leaders = {la.attempt.pid for la in self.live.values() if la.attempt.pid is not None}
+        if self.spawner is not None and not self.spawner.reaped:
+            leaders.add(self.spawner.pid)
+        return leaders
 
     def forget(self, live: LiveAttempt) -> None:
         if self.live.get(live.attempt.task_id) is live:

@@ -1,0 +1,311 @@
+"""The spawn helper: held workers started by ``taskgate-spawn`` (``hold/taskgate-spawn.c``).
+
+Spawning in the scheduler itself (``subprocess`` on a thread: the log file, the fork/exec,
+the move into the cgroup, the start-time read) cost it ~0.8 ms of CPU per task under load,
+all of it competing for its one GIL. The helper is a small C program, a child of the
+scheduler, that does those steps for it: the scheduler sends one message per worker over a
+socket pair and reads one answer, on its event loop, without a thread.
+
+What stays the same: the worker is the scheduler's own child (``clone3(CLONE_PARENT)``), so
+its exit is awaited, and its orphans reaped, exactly as for a worker spawned here; it is held
+before exec until released through the hold pipe; its kernel start time is read while held;
+it starts in its cgroup (born there with ``CLONE_INTO_CGROUP``, never migrated); it inherits
+nothing but the hold pipe, its log and the token pipe. The helper's socket is reachable by
+nothing else (no path; close-on-exec here; closed before a worker's exec there).
+
+The helper exiting (killed, say) ends no launch silently: requests under way fail with
+``SpawnHelperGone`` and the caller spawns the worker itself (``processes.launch``).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import errno
+import itertools
+import os
+import socket
+import struct
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("scheduler")
+
+SPAWN_PROGRAM = Path(__file__).resolve().parent / "hold" / "taskgate-spawn"
+# Where the worker finds its token pipe (``TASKGATE_WORKER_TOKEN_FD``).
+TOKEN_FD = 3
+
+_MAGIC = 0x74677370
+_FLAG_CGROUP_V1 = 2
+_REQUEST = struct.Struct("<6I")  # magic, id, flags, umask, argc, envc
+_REPLY = struct.Struct("<IiiiQ")  # id, pid, stage, errno, start time
+# What each failed step was (the reply's stage).
+_STAGES = {
+    1: "the request",
+    2: "clone3",
+    3: "setsid",
+    4: "the worker's descriptors",
+    5: "entering the workspace",
+    6: "exec",
+    7: "joining the cgroup",
+    8: "a pipe",
+    9: "the attempt's log file",
+    10: "the attempt's cgroup",
+}
+_STAGE_REQUEST = 1
+STAGE_WORKSPACE = 5  # entering the workspace (``OSError.spawn_step``)
+# A request this long goes to the thread path instead (the helper reads at most 1 MiB).
+MAX_REQUEST = 1 << 20
+
+
+class SpawnHelperGone(Exception):
+    """The helper exited, or never answered this request: the caller spawns the worker itself."""
+
+
+class SpawnRequestTooLarge(Exception):
+    """The command and environment do not fit one message: the caller spawns the worker itself."""
+
+
+@dataclass
+class Spawned:
+    pid: int
+    pidfd: int
+    start_time: int | None  # None: the worker was gone before it was read
+
+
+@dataclass
+class _Reply:
+    pid: int
+    pidfd: int
+    stage: int
+    error: int
+    start_time: int
+
+
+def _encode(value: str | bytes | os.PathLike[str]) -> bytes:
+    raw = os.fsencode(value)
+    if b"\0" in raw:
+        raise ValueError("embedded null byte")
+    return raw
+
+
+def encode_request(
+    request_id: int,
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    log_path: Path,
+    cgroup: Path | None,
+    cgroup_v1: bool,
+    umask: int,
+) -> bytes:
+    """One request's bytes (ValueError: a NUL in a string, as ``subprocess`` says)."""
+    strings = [_encode(log_path), _encode(cgroup or ""), _encode(cwd), *(_encode(a) for a in argv)]
+    strings += [_encode(k) + b"=" + _encode(v) for k, v in env.items()]
+    for key in env:
+        if "=" in key:
+            raise ValueError("illegal environment variable name")
+    head = _REQUEST.pack(_MAGIC, request_id, _FLAG_CGROUP_V1 if cgroup_v1 else 0, umask, len(argv), len(env))
+    return head + b"\0".join(strings) + b"\0"
+
+
+class SpawnHelper:
+    """The running helper and the requests waiting for its answer (one event loop)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self._process = process
+        self.pid = process.pid
+        self._sock = sock
+        self._waiting: dict[int, asyncio.Future[_Reply]] = {}
+        self._ids = itertools.count(1)
+        self._reading = False
+        self.alive = True
+        self.reaped = False
+
+    @classmethod
+    def start(cls, program: Path = SPAWN_PROGRAM, legacy_clone: bool = False) -> SpawnHelper:
+        """(Blocking, brief.) Start the helper as this process's child, with its socket.
+
+        From the event loop's thread: the helper must be a direct child of this process (its
+        workers become this process's children). ``legacy_clone``: clone() instead of clone3
+        (what it falls back to where clone3 is filtered out; for tests).
+        """
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_REQUEST + 4096)
+            process = subprocess.Popen(
+                [str(program), str(theirs.fileno()), *(["--legacy-clone"] if legacy_clone else [])],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env={},  # it needs nothing of the scheduler's (its settings, its secrets)
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return cls(process, ours)
+
+    async def spawn(
+        self,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        log_path: Path,
+        stdin_fd: int,
+        token_fd: int,
+        cgroup: Path | None = None,
+        cgroup_v1: bool = False,
+        umask: int = 0o022,
+    ) -> Spawned:
+        """Start ``argv`` (``argv[0]`` an absolute path) held on ``stdin_fd``.
+
+        Raises OSError (errno, what failed) when the helper could not start it — nothing of
+        it runs then —, SpawnHelperGone / SpawnRequestTooLarge when the caller should spawn
+        it itself, ValueError for a NUL in a string.
+        """
+        if not self.alive:
+            raise SpawnHelperGone("the spawn helper is not running")
+        loop = asyncio.get_running_loop()
+        if not self._reading:
+            loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._reading = True
+        request_id = next(self._ids) & 0xFFFFFFFF
+        payload = encode_request(request_id, argv, cwd, env, log_path, cgroup, cgroup_v1, umask)
+        if len(payload) > MAX_REQUEST:
+            raise SpawnRequestTooLarge(f"{len(payload)} bytes")
+        answer: asyncio.Future[_Reply] = loop.create_future()
+        self._waiting[request_id] = answer
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [stdin_fd, token_fd]))]
+        try:
+            await self._send(payload, rights)
+        except OSError as exc:
+            self._waiting.pop(request_id, None)
+            if exc.errno == errno.EMSGSIZE:
+                raise SpawnRequestTooLarge(str(exc)) from exc
+            self._gone(f"sending failed: {exc}")
+            raise SpawnHelperGone(f"the spawn helper is gone ({exc})") from exc
+        reply = await answer
+        if reply.stage:
+            if reply.pid > 0:  # the child exited (127) at that step: reap it
+                _reap_in_background(reply.pid, reply.pidfd)
+            elif reply.pidfd >= 0:
+                os.close(reply.pidfd)
+            what = _STAGES.get(reply.stage, f"step {reply.stage}")
+            if reply.stage == _STAGE_REQUEST:
+                raise ValueError(f"the spawn helper refused the request ({os.strerror(reply.error)})")
+            failed = OSError(reply.error, f"{os.strerror(reply.error)} ({what})")
+            failed.spawn_step = reply.stage  # type: ignore[attr-defined]
+            raise failed
+        return Spawned(reply.pid, reply.pidfd, reply.start_time or None)
+
+    async def _send(self, payload: bytes, rights: list[tuple[int, int, array.array[int]]]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                self._sock.sendmsg([payload], rights)
+                return
+            except BlockingIOError:
+                writable: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(self._sock.fileno(), _resolve, writable)
+                try:
+                    await writable
+                finally:
+                    loop.remove_writer(self._sock.fileno())
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                data, ancillary, _flags, _addr = self._sock.recvmsg(_REPLY.size, socket.CMSG_SPACE(4))
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._gone(f"reading failed: {exc}")
+                return
+            if not data:
+                self._gone("it exited")
+                return
+            pidfd = -1
+            for level, kind, value in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(value[: len(value) - len(value) % fds.itemsize])
+                    for extra in fds[1:]:
+                        os.close(extra)
+                    if fds:
+                        pidfd = fds[0]
+            if len(data) != _REPLY.size:
+                log.error("spawn_helper_bad_reply", size=len(data))
+                if pidfd >= 0:
+                    os.close(pidfd)
+                continue
+            request_id, pid, stage, error, start_time = _REPLY.unpack(data)
+            answer = self._waiting.pop(request_id, None)
+            if answer is None or answer.done():
+                # Its launch was cancelled meanwhile (the launch closes the hold pipe, so the
+                # held worker exits without running anything): only its exit is left to reap.
+                if pid > 0:
+                    _reap_in_background(pid, pidfd)
+                elif pidfd >= 0:
+                    os.close(pidfd)
+                continue
+            answer.set_result(_Reply(pid, pidfd, stage, error, start_time))
+
+    def _gone(self, why: str) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        log.error("spawn_helper_gone", pid=self.pid, reason=why, waiting=len(self._waiting))
+        loop = asyncio.get_running_loop()
+        if self._reading:
+            loop.remove_reader(self._sock.fileno())
+            self._reading = False
+        waiting, self._waiting = self._waiting, {}
+        for answer in waiting.values():
+            if not answer.done():
+                answer.set_exception(SpawnHelperGone("the spawn helper exited before it answered"))
+        self._sock.close()
+        self._reap_helper()
+
+    def _reap_helper(self) -> None:
+        def reaped(_: object) -> None:
+            self.reaped = True
+
+        asyncio.ensure_future(asyncio.to_thread(self._process.wait)).add_done_callback(reaped)
+
+    async def close(self) -> None:
+        """Stop the helper: its socket closing ends it."""
+        if self.alive:
+            self.alive = False
+            if self._reading:
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+                self._reading = False
+            for answer in self._waiting.values():
+                if not answer.done():
+                    answer.set_exception(SpawnHelperGone("the scheduler is stopping"))
+            self._waiting.clear()
+            self._sock.close()
+        if not self.reaped:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._process.wait), 5)
+            except TimeoutError:
+                self._process.kill()
+                await asyncio.to_thread(self._process.wait)
+            self.reaped = True
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _reap_in_background(pid: int, pidfd: int) -> None:
+    """A child the helper started whose launch will not go on: wait for its exit and reap it."""
+    from services.scheduler.processes import WorkerProcess  # (processes imports this module)
+
+    WorkerProcess(pid, pidfd).abandon()

@@ -1,0 +1,254 @@
+"""The spawn helper (``taskgate-spawn``): held workers started for the scheduler, as its children.
+
+A worker the helper starts must be indistinguishable from one the scheduler spawns itself: the
+scheduler's child, leading its own session, held until released, with exactly the hold pipe,
+its log and the token pipe, its identity read while held, born in its cgroup. A helper that
+dies never loses a launch (the scheduler spawns the worker itself), and a cancelled launch
+leaves nothing running or unreaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from libs import proctree
+from services.scheduler import cgroups, processes, spawner
+
+CAN_BUILD = platform.system() == "Linux" and shutil.which("cc") is not None
+BUILT = spawner.SPAWN_PROGRAM.is_file()
+pytestmark = pytest.mark.skipif(not BUILT, reason="no C compiler: `make hold` built no spawn helper here")
+ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def test_make_built_the_spawn_helper_wherever_it_can() -> None:
+    if not CAN_BUILD:
+        pytest.skip("no C compiler: the scheduler spawns workers itself")
+    assert BUILT, "run `make hold` (make test and make run do)"
+
+
+@pytest.fixture(params=["clone3", "clone"])
+async def helper(request: pytest.FixtureRequest) -> AsyncIterator[spawner.SpawnHelper]:
+    started = spawner.SpawnHelper.start(legacy_clone=request.param == "clone")
+    try:
+        yield started
+    finally:
+        await started.close()
+
+
+def hold() -> processes.Hold:
+    return processes.choose_hold("auto")
+
+
+async def test_a_worker_is_the_schedulers_held_child_with_only_its_own_descriptors(
+    helper: spawner.SpawnHelper, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    script = (
+        f"touch {marker}; ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; cat <&3; echo; "
+        'echo "fd=$TASKGATE_WORKER_TOKEN_FD umask=$(umask) cwd=$(pwd)"; echo oops >&2'
+    )
+    log = tmp_path / "logs" / "workers" / "t.attempt-1.log"  # its folders do not exist yet
+    launched = await processes.launch(
+        ["sh", "-c", script], tmp_path, ENV, log, "the-token", hold=hold(), spawner=helper
+    )
+    stat = proctree.read_stat(launched.pid)
+    assert stat is not None
+    assert stat.ppid == os.getpid(), "the worker is the scheduler's child, not the helper's"
+    assert launched.pgid == launched.pid and os.getpgid(launched.pid) == launched.pid == os.getsid(launched.pid)
+    assert launched.start_time == stat.start_time, "its identity is read while it is held"
+    assert not marker.exists(), "held: nothing of the command ran before the release"
+    launched.release()
+    assert await launched.process.wait() == 0
+    lines = log.read_text().splitlines()
+    # The listing shows ls's own descriptor for /proc/self/fd (4) besides 0-3: nothing else.
+    assert lines[0].split() == ["0", "1", "2", "3", "4"], lines
+    assert lines[1] == "the-token"
+    assert lines[2] == f"fd=3 umask=0022 cwd={tmp_path}"
+    assert lines[3] == "oops"
+    assert oct(log.stat().st_mode & 0o777) == "0o600" and oct(log.parent.stat().st_mode & 0o777) == "0o700"
+
+
+async def test_an_abandoned_launch_runs_nothing(helper: spawner.SpawnHelper, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    launched = await processes.launch(["touch", str(marker)], tmp_path, ENV, tmp_path / "w.log", "t", spawner=helper)
+    launched.abandon()
+    assert await launched.process.wait() == processes.ABANDONED
+    assert not marker.exists()
+
+
+async def test_each_of_many_concurrent_launches_gets_its_own_answer(
+    helper: spawner.SpawnHelper, tmp_path: Path
+) -> None:
+    launches = await asyncio.gather(
+        *(
+            processes.launch(["sh", "-c", f"exit {i}"], tmp_path, ENV, tmp_path / f"{i}.log", "t", spawner=helper)
+            for i in range(40)
+        )
+    )
+    assert len({la.pid for la in launches}) == 40
+    for la in launches:
+        assert la.start_time == proctree.start_time_of(la.pid)
+        la.release()
+    assert [await la.process.wait() for la in launches] == list(range(40))
+
+
+def cgroup_v2() -> cgroups.Cgroups | None:
+    try:
+        return cgroups.Cgroups.detect(f"taskgate-spawn-test-{os.getpid()}", (2,))
+    except cgroups.CgroupUnavailable:
+        return None
+
+
+async def test_a_worker_is_born_in_its_cgroup(helper: spawner.SpawnHelper, tmp_path: Path) -> None:
+    found = cgroup_v2()
+    if found is None:
+        pytest.skip("no usable cgroup v2 here")
+    path = found.path_for("attempt-1")  # made by the helper
+    try:
+        launched = await processes.launch(["true"], tmp_path, ENV, tmp_path / "w.log", "t", cgroup=path, spawner=helper)
+        assert cgroups.members(path) == [launched.pid], "in its cgroup while still held"
+        launched.release()
+        assert await launched.process.wait() == 0
+    finally:
+        cgroups.remove(path)
+        found.close()
+
+
+async def test_a_failed_step_fails_the_launch_and_leaves_no_child(helper: spawner.SpawnHelper, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError, match="log file"):  # its folder would have to be a file
+        await processes.launch(["true"], tmp_path, ENV, tmp_path / "file" / "w.log", "t", spawner=helper)
+    with pytest.raises(FileNotFoundError, match="no such executable"):
+        await processes.launch(["no-such-command-here"], tmp_path, ENV, tmp_path / "w.log", "t", spawner=helper)
+    with pytest.raises(ValueError, match="null byte"):
+        await processes.launch(["true", "a\0b"], tmp_path, ENV, tmp_path / "w.log", "t", spawner=helper)
+    missing_workspace = tmp_path / "gone"
+    launched = await processes.launch(["true"], missing_workspace, ENV, tmp_path / "w.log", "t", spawner=helper)
+    assert missing_workspace.is_dir(), "a missing workspace is made, as without the helper"
+    launched.release()
+    assert await launched.process.wait() == 0
+    assert helper.alive
+    await asyncio.sleep(0.1)
+    children = [s for s in proctree.process_table().values() if s.ppid == os.getpid() and s.pid != helper.pid]
+    assert children == [], "a failed spawn's child is reaped"
+
+
+async def test_an_exec_failure_of_the_held_program_is_said_and_its_child_reaped(
+    helper: spawner.SpawnHelper, tmp_path: Path
+) -> None:
+    missing = processes.Hold((str(tmp_path / "no-hold"),), "compiled")
+    with pytest.raises(FileNotFoundError, match=r"\(exec\)"):
+        await processes.launch(["true"], tmp_path, ENV, tmp_path / "w.log", "t", hold=missing, spawner=helper)
+    for _ in range(100):  # reaped in the background
+        if not [s for s in proctree.process_table().values() if s.ppid == os.getpid() and s.pid != helper.pid]:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the failed child was not reaped")
+
+
+async def test_a_killed_helper_loses_no_launch(tmp_path: Path) -> None:
+    helper = spawner.SpawnHelper.start()
+    try:
+        first = await processes.launch(["true"], tmp_path, ENV, tmp_path / "1.log", "t", spawner=helper)
+        os.kill(helper.pid, signal.SIGKILL)
+        # Whether the next launch finds it gone at once or only when it sends: the worker starts.
+        second = await processes.launch(["sh", "-c", "exit 3"], tmp_path, ENV, tmp_path / "2.log", "t", spawner=helper)
+        assert not helper.alive
+        assert proctree.read_stat(second.pid).ppid == os.getpid()  # type: ignore[union-attr]
+        for launched, code in ((first, 0), (second, 3)):
+            launched.release()
+            assert await launched.process.wait() == code
+        for _ in range(100):
+            if helper.reaped:
+                break
+            await asyncio.sleep(0.02)
+        assert helper.reaped, "the dead helper itself is reaped"
+    finally:
+        await helper.close()
+
+
+async def test_a_launch_cancelled_while_the_helper_answers_leaves_nothing_running(tmp_path: Path) -> None:
+    helper = spawner.SpawnHelper.start()
+    marker = tmp_path / "ran"
+    try:
+        launch = asyncio.ensure_future(
+            processes.launch(["touch", str(marker)], tmp_path, ENV, tmp_path / "w.log", "t", spawner=helper)
+        )
+        await asyncio.sleep(0)  # sent, not yet answered
+        launch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await launch
+        for _ in range(200):
+            if not [s for s in proctree.process_table().values() if s.ppid == os.getpid() and s.pid != helper.pid]:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("the cancelled launch's child was left")
+        assert not marker.exists()
+        assert helper.alive, "a cancelled request is not the helper's failure"
+    finally:
+        await helper.close()
+
+
+async def test_closing_the_helper_ends_it() -> None:
+    helper = spawner.SpawnHelper.start()
+    await helper.close()
+    assert helper.reaped and proctree.read_stat(helper.pid) is None
+
+
+SCHEDULER = """
+import asyncio, sys
+from pathlib import Path
+from services.scheduler import processes, spawner
+
+async def main() -> None:
+    marker, log = sys.argv[1], Path(sys.argv[2])
+    helper = spawner.SpawnHelper.start()
+    held = await processes.launch(["touch", marker], log.parent, {"PATH": "/usr/bin:/bin"}, log, "t", spawner=helper)
+    print(held.pid, helper.pid, flush=True)
+    await asyncio.sleep(3600)  # never releases it: SIGKILLed first
+
+asyncio.run(main())
+"""
+
+
+def test_a_scheduler_killed_while_its_worker_is_held_leaves_neither_worker_nor_helper(tmp_path: Path) -> None:
+    """SIGKILL the scheduler mid-launch: the hold pipe closes, so the held worker exits without
+    running its command, and the helper's socket closes, so the helper exits too."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.procs import REPO
+
+    marker = tmp_path / "ran"
+    scheduler = subprocess.Popen(
+        [sys.executable, "-c", SCHEDULER, str(marker), str(tmp_path / "w.log")],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert scheduler.stdout is not None
+        worker, helper = (int(word) for word in scheduler.stdout.readline().split())
+        for pid in (worker, helper):
+            stat = proctree.read_stat(pid)
+            assert stat is not None and stat.alive and stat.ppid == scheduler.pid
+    finally:
+        scheduler.kill()
+        scheduler.wait()
+    deadline = time.monotonic() + 10
+    for pid in (worker, helper):
+        while (stat := proctree.read_stat(pid)) is not None and stat.alive:
+            assert time.monotonic() < deadline, f"{pid} outlived its scheduler"
+            time.sleep(0.01)
+    assert not marker.exists(), "the command ran although nobody released it"
