@@ -252,3 +252,41 @@ def test_a_scheduler_killed_while_its_worker_is_held_leaves_neither_worker_nor_h
             assert time.monotonic() < deadline, f"{pid} outlived its scheduler"
             time.sleep(0.01)
     assert not marker.exists(), "the command ran although nobody released it"
+
+
+@pytest.mark.parametrize("mode", ["auto", "helper", "scheduler"])
+async def test_the_engine_spawns_as_worker_spawn_says(tmp_path: Path, mode: str) -> None:
+    from libs.settings import WorkerProfile
+    from services.scheduler.domain import State
+    from tests.unit.scheduler.test_engine import start_harness
+
+    h = await start_harness(tmp_path, workers={"w": WorkerProfile(command=["sh", "-c", "exit 0"])}, worker_spawn=mode)
+    try:
+        helper = h.engine.runtime.spawner
+        assert (helper is None) == (mode == "scheduler")
+        if helper is not None:
+            assert helper.alive and proctree.read_stat(helper.pid).ppid == os.getpid()  # type: ignore[union-attr]
+            assert helper.pid in h.engine.runtime.leader_pids(), "never taken for a worker's orphan"
+        task = await h.create("w")
+        assert await h.engine.dispatch_once() == 1
+        assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
+    finally:
+        await h.close()
+    if helper is not None:
+        assert helper.reaped, "the engine's shutdown ends its helper"
+
+
+async def test_worker_spawn_helper_refuses_to_start_without_the_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.unit.scheduler.test_engine import start_harness
+
+    monkeypatch.setattr(spawner, "SPAWN_PROGRAM", tmp_path / "taskgate-spawn")
+    with pytest.raises(RuntimeError, match="worker_spawn = helper, but .*No such file.*make hold"):
+        await start_harness(tmp_path, worker_spawn="helper")
+    (tmp_path / "auto").mkdir()
+    h = await start_harness(tmp_path / "auto", worker_spawn="auto")  # auto: the scheduler spawns
+    try:
+        assert h.engine.runtime.spawner is None
+    finally:
+        await h.close()
