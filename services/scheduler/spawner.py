@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
 import errno
 import itertools
 import os
@@ -59,6 +60,9 @@ _STAGE_REQUEST = 1
 STAGE_WORKSPACE = 5  # entering the workspace (``OSError.spawn_step``)
 # A request this long goes to the thread path instead (the helper reads at most 1 MiB).
 MAX_REQUEST = 1 << 20
+# A helper that has not answered a request in this long is stuck (say, a child's chdir into a
+# hung network mount): it is killed and its requests go to the scheduler's own spawn.
+ANSWER_TIMEOUT_S = 30.0
 
 
 class SpawnHelperGone(Exception):
@@ -102,8 +106,10 @@ def encode_request(
     cgroup_v1: bool,
     umask: int,
 ) -> bytes:
-    """One request's bytes (ValueError: a NUL in a string, as ``subprocess`` says)."""
-    strings = [_encode(log_path), _encode(cgroup or ""), _encode(cwd), *(_encode(a) for a in argv)]
+    """One request's bytes (ValueError: a NUL in a string, as ``subprocess`` says). Paths are
+    made absolute: the helper's working folder is whatever the scheduler's was when it started."""
+    paths = [os.path.abspath(log_path), os.path.abspath(cgroup) if cgroup else "", os.path.abspath(cwd)]
+    strings = [*(_encode(p) for p in paths), *(_encode(a) for a in argv)]
     strings += [_encode(k) + b"=" + _encode(v) for k, v in env.items()]
     for key in env:
         if "=" in key:
@@ -115,8 +121,11 @@ def encode_request(
 class SpawnHelper:
     """The running helper and the requests waiting for its answer (one event loop)."""
 
-    def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], sock: socket.socket, answer_timeout_s: float = ANSWER_TIMEOUT_S
+    ) -> None:
         self._process = process
+        self.answer_timeout_s = answer_timeout_s
         self.pid = process.pid
         self._sock = sock
         self._waiting: dict[int, asyncio.Future[_Reply]] = {}
@@ -190,7 +199,11 @@ class SpawnHelper:
                 raise SpawnRequestTooLarge(str(exc)) from exc
             self._gone(f"sending failed: {exc}")
             raise SpawnHelperGone(f"the spawn helper is gone ({exc})") from exc
-        reply = await answer
+        stuck = loop.call_later(self.answer_timeout_s, self._no_answer, request_id)
+        try:
+            reply = await answer
+        finally:
+            stuck.cancel()
         if reply.stage:
             if reply.pid > 0:  # the child exited (127) at that step: reap it
                 _reap_in_background(reply.pid, reply.pidfd)
@@ -255,6 +268,12 @@ class SpawnHelper:
                     os.close(pidfd)
                 continue
             answer.set_result(_Reply(pid, pidfd, stage, error, start_time))
+
+    def _no_answer(self, request_id: int) -> None:
+        if request_id in self._waiting and self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()  # whatever it started is the scheduler's child: see processes.launch
+            self._gone(f"no answer in {self.answer_timeout_s:g} s")
 
     def _gone(self, why: str) -> None:
         if not self.alive:

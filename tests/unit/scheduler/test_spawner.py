@@ -290,3 +290,25 @@ async def test_worker_spawn_helper_refuses_to_start_without_the_program(
         assert h.engine.runtime.spawner is None
     finally:
         await h.close()
+
+
+async def test_a_stuck_helper_is_killed_and_its_launch_spawned_by_the_scheduler(tmp_path: Path) -> None:
+    helper = spawner.SpawnHelper.start()
+    helper.answer_timeout_s = 0.5
+    marker = tmp_path / "ran"
+    try:
+        os.kill(helper.pid, signal.SIGSTOP)  # it reads no request and answers none
+        launched = await asyncio.wait_for(
+            processes.launch(["touch", str(marker)], tmp_path, ENV, tmp_path / "w.log", "t", spawner=helper), 20
+        )
+        assert not helper.alive
+        launched.release()
+        assert await launched.process.wait() == 0
+        assert marker.exists()
+        for _ in range(100):
+            if helper.reaped:
+                break
+            await asyncio.sleep(0.02)
+        assert helper.reaped, "the stuck helper was killed and reaped"
+    finally:
+        await helper.close()
