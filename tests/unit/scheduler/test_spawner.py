@@ -48,6 +48,24 @@ def hold() -> processes.Hold:
     return processes.choose_hold("auto")
 
 
+async def no_children_but(helper: spawner.SpawnHelper, within_s: float = 4.0) -> bool:
+    """Whether, within ``within_s``, this process has no child but the helper (none left unreaped)."""
+    for _ in range(int(within_s / 0.02)):
+        if not [s for s in proctree.process_table().values() if s.ppid == os.getpid() and s.pid != helper.pid]:
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def reaped(helper: spawner.SpawnHelper, within_s: float = 4.0) -> bool:
+    """Whether the (dead) helper itself is reaped within ``within_s``."""
+    for _ in range(int(within_s / 0.02)):
+        if helper.reaped:
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
 async def test_a_worker_is_the_schedulers_held_child_with_only_its_own_descriptors(
     helper: spawner.SpawnHelper, tmp_path: Path
 ) -> None:
@@ -137,9 +155,7 @@ async def test_a_failed_step_fails_the_launch_and_leaves_no_child(helper: spawne
     launched.release()
     assert await launched.process.wait() == 0
     assert helper.alive
-    await asyncio.sleep(0.1)
-    children = [s for s in proctree.process_table().values() if s.ppid == os.getpid() and s.pid != helper.pid]
-    assert children == [], "a failed spawn's child is reaped"
+    assert await no_children_but(helper), "a failed spawn's child is reaped"
 
 
 async def test_an_exec_failure_of_the_held_program_is_said_and_its_child_reaped(
@@ -148,12 +164,7 @@ async def test_an_exec_failure_of_the_held_program_is_said_and_its_child_reaped(
     missing = processes.Hold((str(tmp_path / "no-hold"),), "compiled")
     with pytest.raises(FileNotFoundError, match=r"\(exec\)"):
         await processes.launch(["true"], tmp_path, ENV, tmp_path / "w.log", "t", hold=missing, spawner=helper)
-    for _ in range(100):  # reaped in the background
-        if not [s for s in proctree.process_table().values() if s.ppid == os.getpid() and s.pid != helper.pid]:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        pytest.fail("the failed child was not reaped")
+    assert await no_children_but(helper), "the failed child is reaped (in the background)"
 
 
 async def test_a_killed_helper_loses_no_launch(tmp_path: Path) -> None:
@@ -168,11 +179,7 @@ async def test_a_killed_helper_loses_no_launch(tmp_path: Path) -> None:
         for launched, code in ((first, 0), (second, 3)):
             launched.release()
             assert await launched.process.wait() == code
-        for _ in range(100):
-            if helper.reaped:
-                break
-            await asyncio.sleep(0.02)
-        assert helper.reaped, "the dead helper itself is reaped"
+        assert await reaped(helper), "the dead helper itself is reaped"
     finally:
         await helper.close()
 
@@ -188,12 +195,7 @@ async def test_a_launch_cancelled_while_the_helper_answers_leaves_nothing_runnin
         launch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await launch
-        for _ in range(200):
-            if not [s for s in proctree.process_table().values() if s.ppid == os.getpid() and s.pid != helper.pid]:
-                break
-            await asyncio.sleep(0.02)
-        else:
-            pytest.fail("the cancelled launch's child was left")
+        assert await no_children_but(helper), "the cancelled launch's child was left"
         assert not marker.exists()
         assert helper.alive, "a cancelled request is not the helper's failure"
     finally:
@@ -305,10 +307,6 @@ async def test_a_stuck_helper_is_killed_and_its_launch_spawned_by_the_scheduler(
         launched.release()
         assert await launched.process.wait() == 0
         assert marker.exists()
-        for _ in range(100):
-            if helper.reaped:
-                break
-            await asyncio.sleep(0.02)
-        assert helper.reaped, "the stuck helper was killed and reaped"
+        assert await reaped(helper), "the stuck helper was killed and reaped"
     finally:
         await helper.close()
