@@ -359,10 +359,8 @@ async def launch(
     """
     argv = resolve_command(command)
     held = [*(hold.prefix if hold is not None else SH_HOLD), *argv]
-    if run_as is not None:
-        # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
-        held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
     if spawner is not None and spawner.alive:
+        # The helper's child switches users itself (no interpreter started per launch).
         go_r, go_w = os.pipe()
         try:
             launched = await _spawn_by_helper(
@@ -376,6 +374,9 @@ async def launch(
             log.warning("worker_spawned_by_scheduler", reason=str(exc))
         finally:
             os.close(go_r)
+    if run_as is not None:
+        # Never user=/group= here: see SWITCH_USER (the spawn must stay a vfork).
+        held = [sys.executable, "-I", "-S", "-c", SWITCH_USER, str(run_as.uid), str(run_as.gid), *held]
     go_r, go_w = os.pipe()
     try:
         process, start_time = await asyncio.to_thread(
@@ -442,7 +443,18 @@ async def _spawn_by_helper(
                 finally:
                     os.close(tok_w)
                 # The services run with umask 077 (private files); a worker gets the usual one.
-                spawned = await spawner.spawn(held, cwd, worker_env, log_path, go_r, tok_r, cgroup, cgroup_v1, 0o022)
+                spawned = await spawner.spawn(
+                    held,
+                    cwd,
+                    worker_env,
+                    log_path,
+                    go_r,
+                    tok_r,
+                    cgroup,
+                    cgroup_v1,
+                    0o022,
+                    (run_as.uid, run_as.gid) if run_as is not None else None,
+                )
                 break
             except FileNotFoundError as exc:
                 # A workspace not made yet (rare: asked of the disk only then, off the loop).

@@ -41,7 +41,8 @@ TOKEN_FD = 3
 
 _MAGIC = 0x74677370
 _FLAG_CGROUP_V1 = 2
-_REQUEST = struct.Struct("<6I")  # magic, id, flags, umask, argc, envc
+_FLAG_RUN_AS = 4
+_REQUEST = struct.Struct("<8I")  # magic, id, flags, umask, argc, envc, uid, gid
 _REPLY = struct.Struct("<IiiiQ")  # id, pid, stage, errno, start time
 # What each failed step was (the reply's stage).
 _STAGES = {
@@ -55,6 +56,7 @@ _STAGES = {
     8: "a pipe",
     9: "the attempt's log file",
     10: "the attempt's cgroup",
+    11: "switching to the profile's user",
 }
 _STAGE_REQUEST = 1
 STAGE_WORKSPACE = 5  # entering the workspace (``OSError.spawn_step``)
@@ -105,6 +107,7 @@ def encode_request(
     cgroup: Path | None,
     cgroup_v1: bool,
     umask: int,
+    run_as: tuple[int, int] | None = None,
 ) -> bytes:
     """One request's bytes (ValueError: a NUL in a string, as ``subprocess`` says). Paths are
     made absolute: the helper's working folder is whatever the scheduler's was when it started."""
@@ -114,7 +117,9 @@ def encode_request(
     for key in env:
         if "=" in key:
             raise ValueError("illegal environment variable name")
-    head = _REQUEST.pack(_MAGIC, request_id, _FLAG_CGROUP_V1 if cgroup_v1 else 0, umask, len(argv), len(env))
+    flags = (_FLAG_CGROUP_V1 if cgroup_v1 else 0) | (_FLAG_RUN_AS if run_as is not None else 0)
+    uid, gid = run_as if run_as is not None else (0, 0)
+    head = _REQUEST.pack(_MAGIC, request_id, flags, umask, len(argv), len(env), uid, gid)
     return head + b"\0".join(strings) + b"\0"
 
 
@@ -131,8 +136,11 @@ class SpawnHelper:
         self._waiting: dict[int, asyncio.Future[_Reply]] = {}
         self._ids = itertools.count(1)
         self._reading = False
-        self.alive = True
+        self.alive = True  # takes requests
         self.reaped = False
+        self._ended = False  # its socket ended (read to the end, or failed)
+        self._closing = False
+        self._answered: asyncio.Future[None] | None = None  # close() waits on it
 
     @classmethod
     def start(cls, program: Path = SPAWN_PROGRAM, legacy_clone: bool = False) -> SpawnHelper:
@@ -171,8 +179,10 @@ class SpawnHelper:
         cgroup: Path | None = None,
         cgroup_v1: bool = False,
         umask: int = 0o022,
+        run_as: tuple[int, int] | None = None,
     ) -> Spawned:
-        """Start ``argv`` (``argv[0]`` an absolute path) held on ``stdin_fd``.
+        """Start ``argv`` (``argv[0]`` an absolute path) held on ``stdin_fd``, as ``run_as``
+        (uid, gid; no supplementary groups) when given.
 
         Raises OSError (errno, what failed) when the helper could not start it — nothing of
         it runs then —, SpawnHelperGone / SpawnRequestTooLarge when the caller should spawn
@@ -185,7 +195,7 @@ class SpawnHelper:
             loop.add_reader(self._sock.fileno(), self._on_readable)
             self._reading = True
         request_id = next(self._ids) & 0xFFFFFFFF
-        payload = encode_request(request_id, argv, cwd, env, log_path, cgroup, cgroup_v1, umask)
+        payload = encode_request(request_id, argv, cwd, env, log_path, cgroup, cgroup_v1, umask, run_as)
         if len(payload) > MAX_REQUEST:
             raise SpawnRequestTooLarge(f"{len(payload)} bytes")
         answer: asyncio.Future[_Reply] = loop.create_future()
@@ -276,20 +286,25 @@ class SpawnHelper:
             self._gone(f"no answer in {self.answer_timeout_s:g} s")
 
     def _gone(self, why: str) -> None:
-        if not self.alive:
+        """Its socket ended or failed: nothing more is asked of it or read from it."""
+        if self._ended:
             return
+        self._ended = True
         self.alive = False
-        log.error("spawn_helper_gone", pid=self.pid, reason=why, waiting=len(self._waiting))
-        loop = asyncio.get_running_loop()
+        if not self._closing:
+            log.error("spawn_helper_gone", pid=self.pid, reason=why, waiting=len(self._waiting))
         if self._reading:
-            loop.remove_reader(self._sock.fileno())
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._reading = False
         waiting, self._waiting = self._waiting, {}
         for answer in waiting.values():
             if not answer.done():
                 answer.set_exception(SpawnHelperGone("the spawn helper exited before it answered"))
         self._sock.close()
-        self._reap_helper()
+        if self._answered is not None and not self._answered.done():
+            self._answered.set_result(None)
+        if not self._closing:
+            self._reap_helper()
 
     def _reap_helper(self) -> None:
         def reaped(_: object) -> None:
@@ -297,21 +312,30 @@ class SpawnHelper:
 
         asyncio.ensure_future(asyncio.to_thread(self._process.wait)).add_done_callback(reaped)
 
-    async def close(self) -> None:
-        """Stop the helper: its socket closing ends it."""
-        if self.alive:
+    @property
+    def unanswered(self) -> int:
+        """Requests sent and not answered yet."""
+        return len(self._waiting)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the helper. It is asked nothing more; what it already read, it answers (the
+        child of a launch given up meanwhile is reaped, never left a zombie), then it sees its
+        socket end and exits."""
+        if not self._ended:
             self.alive = False
-            if self._reading:
-                asyncio.get_running_loop().remove_reader(self._sock.fileno())
-                self._reading = False
-            for answer in self._waiting.values():
-                if not answer.done():
-                    answer.set_exception(SpawnHelperGone("the scheduler is stopping"))
-            self._waiting.clear()
-            self._sock.close()
+            self._closing = True
+            if not self._reading:
+                self._gone("closed")  # never asked anything: nothing to wait for
+            else:
+                self._answered = asyncio.get_running_loop().create_future()
+                try:
+                    self._sock.shutdown(socket.SHUT_WR)
+                    await asyncio.wait_for(asyncio.shield(self._answered), timeout_s)
+                except (OSError, TimeoutError):
+                    self._gone("closed")
         if not self.reaped:
             try:
-                await asyncio.wait_for(asyncio.to_thread(self._process.wait), 5)
+                await asyncio.wait_for(asyncio.to_thread(self._process.wait), timeout_s)
             except TimeoutError:
                 self._process.kill()
                 await asyncio.to_thread(self._process.wait)

@@ -20,8 +20,9 @@
  * is born in its cgroup (no migration; cgroup v1: it writes itself into cgroup.procs), and
  * this program is suspended until the child has exec'd. The child starts a new session, gets
  * the hold pipe as stdin, the log as stdout and stderr, the token pipe as fd 3 and nothing
- * else (every other descriptor is closed at the exec), enters cwd, sets the umask and execs
- * argv[0] (an absolute path: the hold, which waits for "go" before it runs the command).
+ * else (every other descriptor is closed at the exec), enters cwd, switches to the profile's
+ * user when asked (its uid and gid, no supplementary groups), sets the umask and execs argv[0]
+ * (an absolute path: the hold, which waits for "go" before it runs the command).
  *
  * The answer is one message: struct reply (the pid, or the failed step and its errno; the
  * kernel start time read from /proc while the child is held) with the pidfd as SCM_RIGHTS.
@@ -32,6 +33,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <linux/sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -53,6 +55,7 @@
 #define SOCKET_FD 3
 #define MAGIC 0x74677370u /* "tgsp" */
 #define FLAG_CGROUP_V1 2u /* the cgroup is v1's: the child moves itself in through cgroup.procs */
+#define FLAG_RUN_AS 4u    /* the child switches to run_uid/run_gid (no supplementary groups) */
 #define MAX_REQUEST (1u << 20)
 #define MAX_ARGS 65536
 
@@ -68,6 +71,7 @@ enum {
     STAGE_PIPE,
     STAGE_LOG,
     STAGE_CGROUP,
+    STAGE_USER,
 };
 
 struct request {
@@ -77,6 +81,8 @@ struct request {
     uint32_t umask;
     uint32_t argc;
     uint32_t envc;
+    uint32_t run_uid;
+    uint32_t run_gid;
 };
 
 struct reply {
@@ -171,6 +177,14 @@ static __attribute__((noreturn)) void child(const struct request *rq, const char
     }
     if (chdir(cwd) < 0)
         child_fail(error_fd, STAGE_CHDIR);
+    /* The profile's user, after the workspace was entered as the scheduler's (as a spawn by the
+     * scheduler itself did): here, in a single-threaded copy of this program, a plain switch. */
+    if (rq->flags & FLAG_RUN_AS) {
+        if (geteuid() == 0 && setgroups(0, NULL) < 0)
+            child_fail(error_fd, STAGE_USER);
+        if (setresgid(rq->run_gid, rq->run_gid, rq->run_gid) < 0 || setresuid(rq->run_uid, rq->run_uid, rq->run_uid) < 0)
+            child_fail(error_fd, STAGE_USER);
+    }
     umask((mode_t)rq->umask);
     execve(argv[0], argv, envp);
     child_fail(error_fd, STAGE_EXEC);

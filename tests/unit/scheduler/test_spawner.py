@@ -49,9 +49,14 @@ def hold() -> processes.Hold:
 
 
 async def no_children_but(helper: spawner.SpawnHelper, within_s: float = 4.0) -> bool:
-    """Whether, within ``within_s``, this process has no child but the helper (none left unreaped)."""
+    """Whether, within ``within_s``, this process has no child started since the helper but the
+    helper itself (none left running or unreaped; what earlier tests of this process left is
+    not this test's)."""
+    stat = proctree.read_stat(helper.pid)
+    assert stat is not None
     for _ in range(int(within_s / 0.02)):
-        if not [s for s in proctree.process_table().values() if s.ppid == os.getpid() and s.pid != helper.pid]:
+        table = proctree.process_table().values()
+        if not [s for s in table if s.ppid == os.getpid() and s.pid != helper.pid and s.start_time >= stat.start_time]:
             return True
         await asyncio.sleep(0.02)
     return False
@@ -195,6 +200,11 @@ async def test_a_launch_cancelled_while_the_helper_answers_leaves_nothing_runnin
         launch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await launch
+        for _ in range(500):  # its answer (the child it started) still comes
+            if not helper.unanswered:
+                break
+            await asyncio.sleep(0.01)
+        assert helper.unanswered == 0
         assert await no_children_but(helper), "the cancelled launch's child was left"
         assert not marker.exists()
         assert helper.alive, "a cancelled request is not the helper's failure"
@@ -206,6 +216,31 @@ async def test_closing_the_helper_ends_it() -> None:
     helper = spawner.SpawnHelper.start()
     await helper.close()
     assert helper.reaped and proctree.read_stat(helper.pid) is None
+
+
+async def test_closing_the_helper_with_launches_given_up_leaves_no_child(tmp_path: Path) -> None:
+    """The scheduler stopping right after its launches were cancelled: the helper answers what it
+    had read before it exits, and each child it started is reaped, none left a zombie."""
+    helper = spawner.SpawnHelper.start()
+    began = proctree.read_stat(helper.pid)
+    assert began is not None
+    launches = [
+        asyncio.ensure_future(processes.launch(["true"], tmp_path, ENV, tmp_path / f"{i}.log", "t", spawner=helper))
+        for i in range(10)
+    ]
+    await asyncio.sleep(0)
+    assert helper.unanswered == 10, "all sent"
+    for launch in launches:
+        launch.cancel()
+    await asyncio.gather(*launches, return_exceptions=True)
+    await helper.close()
+    for _ in range(200):
+        table = proctree.process_table().values()
+        left = [s for s in table if s.ppid == os.getpid() and s.start_time >= began.start_time]
+        if not left:
+            break
+        await asyncio.sleep(0.02)
+    assert left == [], "every child of a cancelled launch was reaped"
 
 
 SCHEDULER = """
@@ -310,3 +345,69 @@ async def test_a_stuck_helper_is_killed_and_its_launch_spawned_by_the_scheduler(
         assert await reaped(helper), "the stuck helper was killed and reaped"
     finally:
         await helper.close()
+
+
+def can_switch_to_nobody() -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        return False
+    return os.geteuid() == 0
+
+
+@pytest.mark.skipif(not can_switch_to_nobody(), reason="needs root and the user nobody")
+async def test_a_worker_of_another_user_is_switched_by_the_helpers_child_without_an_interpreter(
+    helper: spawner.SpawnHelper, tmp_path: Path
+) -> None:
+    import pwd
+
+    entry = pwd.getpwnam("nobody")
+    run_as = processes.RunAs(uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+    workspace = tmp_path / "ws"  # made by the launch, for the worker's user
+    held_by = processes.choose_hold("auto", other_users=True)
+    log = tmp_path / "w.log"
+    launched = await processes.launch(
+        ["sh", "-c", "id -u; id -G; touch mine"], workspace, ENV, log, "t", run_as=run_as, hold=held_by, spawner=helper
+    )
+    status = Path(f"/proc/{launched.pid}/status").read_text()
+    uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
+    assert uids == [str(entry.pw_uid)] * 4, "already the profile's user while held"
+    # The hold itself, not a Python interpreter switching users first (10-20 ms of CPU a launch).
+    assert os.readlink(f"/proc/{launched.pid}/exe") == os.path.realpath(held_by.prefix[0])
+    launched.release()
+    assert await launched.process.wait() == 0, log.read_text()
+    uid, groups = log.read_text().split("\n")[:2]
+    assert uid == str(entry.pw_uid) and groups.split() == [str(entry.pw_gid)], "no supplementary groups"
+    assert (workspace / "mine").stat().st_uid == entry.pw_uid
+    assert workspace.stat().st_uid == entry.pw_uid, "a fresh workspace belongs to the worker's user"
+
+
+@pytest.mark.skipif(not can_switch_to_nobody(), reason="needs root and the user nobody")
+async def test_a_user_switch_the_helper_may_not_make_fails_the_launch() -> None:
+    """A helper without the right to switch users (here: one running as nobody, asked for root)
+    fails the launch with the step named, and leaves no child behind."""
+    import pwd
+    import socket
+    import subprocess
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    process = subprocess.Popen(
+        [str(spawner.SPAWN_PROGRAM), str(theirs.fileno())], pass_fds=(theirs.fileno(),), user=nobody.pw_uid, env={}
+    )
+    theirs.close()
+    ours.setblocking(False)
+    helper = spawner.SpawnHelper(process, ours)
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp).chmod(0o777)  # where nobody may write the log
+        try:
+            root = processes.RunAs(uid=0, gid=0, home="/root")
+            with pytest.raises(PermissionError, match="switching to the profile's user"):
+                await processes.launch(["true"], Path(tmp), ENV, Path(tmp) / "w.log", "t", run_as=root, spawner=helper)
+            assert helper.alive
+            assert await no_children_but(helper)
+        finally:
+            await helper.close()
