@@ -226,7 +226,7 @@ class Launcher:
                     cgroup_v1=rt.ownership.cgroups is not None and rt.ownership.cgroups.version == 1,
                     on_spawn=lambda pid: rt.ownership.spawned(attempt.attempt_id, pid),
                     hold=rt.hold,
-                    spawner=rt.spawner,
+                    spawner=rt.live_spawner(),
                 )
             except Exception as exc:  # any failure, not only OSError: never a queued task holding a slot
                 log.error("launch_failed", task_id=task_id, attempt=attempt.number, error=repr(exc))

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import structlog
 
 from libs import proctree
 from libs.clock import Clock, SystemClock
@@ -27,6 +30,8 @@ from services.scheduler.ownership import Ownership
 from services.scheduler.scans import SharedScan
 from services.scheduler.spawner import SpawnHelper
 from services.scheduler.store import SchedulerStore, StoredEvent
+
+log = structlog.get_logger("scheduler")
 
 
 async def woken(event: asyncio.Event, timeout_s: float) -> None:
@@ -150,6 +155,9 @@ class Runtime:
         self.hold = processes.Hold(processes.SH_HOLD, "sh")
         # What spawns workers when not the scheduler itself (started at start: ``spawner``).
         self.spawner: SpawnHelper | None = None
+        # A helper that died is started anew at most this often (``live_spawner``).
+        self.spawner_restart_s = 10.0
+        self._spawner_restart_at = 0.0
 
     @property
     def own(self) -> str | None:
@@ -159,6 +167,25 @@ class Runtime:
 
     def mine(self, task: Task) -> bool:
         return not self.multi_host or task.owner_host in (None, self.host_id)
+
+    def live_spawner(self) -> SpawnHelper | None:
+        """The spawn helper for a launch (None: the scheduler spawns it itself). One that died is
+        started anew once it has been reaped — never two helpers to tell from orphans at once —
+        and at most every ``spawner_restart_s``; until then launches do without."""
+        helper = self.spawner
+        if helper is None or helper.alive:
+            return helper
+        if not helper.reaped or self.closing or time.monotonic() < self._spawner_restart_at:
+            return None
+        self._spawner_restart_at = time.monotonic() + self.spawner_restart_s
+        try:
+            fresh = SpawnHelper.start(helper.program)  # from the event loop's thread, as at start-up
+        except OSError as exc:
+            log.error("spawn_helper_restart_failed", previous=helper.pid, error=str(exc))
+            return None
+        log.warning("spawn_helper_restarted", pid=fresh.pid, previous=helper.pid)
+        self.spawner = fresh
+        return fresh
 
     def leader_pids(self) -> set[int]:
         """Worker leaders, with the spawn helper: children of this process that are never orphans."""

@@ -127,9 +127,14 @@ class SpawnHelper:
     """The running helper and the requests waiting for its answer (one event loop)."""
 
     def __init__(
-        self, process: subprocess.Popen[bytes], sock: socket.socket, answer_timeout_s: float = ANSWER_TIMEOUT_S
+        self,
+        process: subprocess.Popen[bytes],
+        sock: socket.socket,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        program: Path = SPAWN_PROGRAM,
     ) -> None:
         self._process = process
+        self.program = program
         self.answer_timeout_s = answer_timeout_s
         self.pid = process.pid
         self._sock = sock
@@ -166,7 +171,7 @@ class SpawnHelper:
         finally:
             theirs.close()
         ours.setblocking(False)
-        return cls(process, ours)
+        return cls(process, ours, program=program)
 
     async def spawn(
         self,

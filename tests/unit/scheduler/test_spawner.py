@@ -411,3 +411,41 @@ async def test_a_user_switch_the_helper_may_not_make_fails_the_launch() -> None:
             assert await no_children_but(helper)
         finally:
             await helper.close()
+
+
+async def test_a_helper_that_died_is_started_anew_once_reaped(tmp_path: Path) -> None:
+    from libs.settings import WorkerProfile
+    from services.scheduler.domain import State
+    from tests.unit.scheduler.test_engine import start_harness
+
+    h = await start_harness(tmp_path, workers={"w": WorkerProfile(command=["sh", "-c", "exit 0"])})
+    rt = h.engine.runtime
+    try:
+        first = rt.spawner
+        assert first is not None
+        task = await h.create("w")
+        assert await h.engine.dispatch_once() == 1
+        assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
+        os.kill(first.pid, signal.SIGKILL)
+        for _ in range(200):  # its socket's end is seen, then it is reaped
+            if first.reaped:
+                break
+            await asyncio.sleep(0.02)
+        assert not first.alive and first.reaped
+        # Within the restart interval the scheduler spawns itself; after it, a new helper does.
+        assert rt.live_spawner() is not None, "the first restart is not delayed"
+        second = rt.spawner
+        assert second is not None and second is not first and second.alive
+        assert second.pid in rt.leader_pids() and first.pid not in rt.leader_pids()
+        task = await h.create("w")
+        assert await h.engine.dispatch_once() == 1
+        assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
+        assert second.unanswered == 0 and second.alive
+        os.kill(second.pid, signal.SIGKILL)
+        assert await reaped(second)
+        assert rt.live_spawner() is None, "a second death within the interval: the scheduler spawns"
+        task = await h.create("w")
+        assert await h.engine.dispatch_once() == 1
+        assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
+    finally:
+        await h.close()
