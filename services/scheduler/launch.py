@@ -23,7 +23,7 @@ from libs.settings import WorkerProfile
 from services.scheduler import cgroups, containers, domain, processes
 from services.scheduler.dispatch_targets import TargetDispatcher
 from services.scheduler.domain import Attempt, Failure, FailureCode, PendingOutcome, State, Task
-from services.scheduler.metrics import LAUNCH_STEP, LAUNCH_STEPS
+from services.scheduler.metrics import LAUNCH_STEP, LAUNCH_STEPS, WORKER_SPAWNS
 from services.scheduler.runtime import LiveAttempt, Runtime, hash_token, woken
 from services.scheduler.settling import Settler
 from services.scheduler.stopping import Stopper
@@ -65,6 +65,7 @@ def worker_env(
 
 # The launch-step histogram's children, made once (``libs.metrics.Children`` explains why).
 _STEP_SECONDS = {step: LAUNCH_STEP.labels(step) for step in LAUNCH_STEPS}
+_SPAWNED_BY = {by: WORKER_SPAWNS.labels(by) for by in ("helper", "scheduler")}
 
 
 class Launcher:
@@ -243,6 +244,7 @@ class Launcher:
                 )
                 return False
             marks.append(time.perf_counter())
+            _SPAWNED_BY[launched.by].inc()
             live.process = launched.process
             launched.process.attempt = attempt
             attempt.pid, attempt.pgid, attempt.pid_start_time = launched.pid, launched.pgid, launched.start_time

@@ -46,6 +46,12 @@ STORE_UNIT_CPU = Counter(
 )
 # A launch's wall time by step, from its claim to its worker committed running: where a launch
 # waits (for the group commit, for a spawn thread, for the CPU) when the host is busy.
+WORKER_SPAWNS = Counter(
+    "taskgate_worker_spawns_total",
+    "Workers spawned, by what spawned them: helper (taskgate-spawn) or scheduler (itself, on a "
+    "thread: worker_spawn = scheduler, no helper built, or the helper gone)",
+    ["by"],
+)
 LAUNCH_STEP = Histogram(
     "taskgate_task_launch_step_seconds",
     "Wall time of each step of a launch: claim_commit (the task, its earlier attempts and the "

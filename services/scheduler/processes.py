@@ -215,6 +215,7 @@ class Launched:
     pgid: int
     start_time: int | None
     go_fd: int | None
+    by: str = "scheduler"  # what spawned it: "helper" (taskgate-spawn) or "scheduler" (a thread here)
 
     def release(self) -> None:
         """Let the held trampoline exec the worker."""
@@ -471,7 +472,9 @@ async def _spawn_by_helper(
     if on_spawn is not None:
         on_spawn(spawned.pid)
     process = WorkerProcess(spawned.pid, spawned.pidfd)
-    return Launched(process=process, pid=spawned.pid, pgid=spawned.pid, start_time=spawned.start_time, go_fd=go_w)
+    return Launched(
+        process=process, pid=spawned.pid, pgid=spawned.pid, start_time=spawned.start_time, go_fd=go_w, by="helper"
+    )
 
 
 class _SpawnedButUnplaced(Exception):

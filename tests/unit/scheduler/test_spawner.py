@@ -413,6 +413,13 @@ async def test_a_user_switch_the_helper_may_not_make_fails_the_launch() -> None:
             await helper.close()
 
 
+def spawns_by(by: str) -> float:
+    """``taskgate_worker_spawns_total{by}`` so far (the registry is the process's)."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("taskgate_worker_spawns_total", {"by": by}) or 0.0
+
+
 async def test_a_helper_that_died_is_started_anew_once_reaped(tmp_path: Path) -> None:
     from libs.settings import WorkerProfile
     from services.scheduler.domain import State
@@ -423,9 +430,11 @@ async def test_a_helper_that_died_is_started_anew_once_reaped(tmp_path: Path) ->
     try:
         first = rt.spawner
         assert first is not None
+        by_helper, by_scheduler = spawns_by("helper"), spawns_by("scheduler")
         task = await h.create("w")
         assert await h.engine.dispatch_once() == 1
         assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
+        assert (spawns_by("helper"), spawns_by("scheduler")) == (by_helper + 1, by_scheduler)
         os.kill(first.pid, signal.SIGKILL)
         for _ in range(200):  # its socket's end is seen, then it is reaped
             if first.reaped:
@@ -447,5 +456,6 @@ async def test_a_helper_that_died_is_started_anew_once_reaped(tmp_path: Path) ->
         task = await h.create("w")
         assert await h.engine.dispatch_once() == 1
         assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
+        assert (spawns_by("helper"), spawns_by("scheduler")) == (by_helper + 2, by_scheduler + 1)
     finally:
         await h.close()
