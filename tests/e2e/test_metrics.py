@@ -112,6 +112,13 @@ def test_a_task_moves_the_lifecycle_metrics(stack: Stack, api: Api) -> None:
     for histogram in ("taskgate_task_launch_latency_seconds", "taskgate_task_queue_wait_seconds"):
         assert value(after, f"{histogram}_count") >= value(before, f"{histogram}_count") + 1, histogram
     assert value(after, "taskgate_tasks", state="completed") >= value(before, "taskgate_tasks", state="completed") + 1
+    # Spawned by the spawn helper wherever `make` built it (the default worker_spawn = auto).
+    from services.scheduler.spawner import SPAWN_PROGRAM
+
+    by = "helper" if SPAWN_PROGRAM.is_file() else "scheduler"
+    assert (
+        value(after, "taskgate_worker_spawns_total", by=by) >= value(before, "taskgate_worker_spawns_total", by=by) + 1
+    )
     # The gateway sends its creates in CreateTasks batches (one create here, alone).
     create = {"method": "/taskgate.scheduler.v1.SchedulerService/CreateTasks", "code": "OK"}
     assert value(after, "taskgate_rpc_duration_seconds_count", **create) > value(
