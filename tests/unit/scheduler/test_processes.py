@@ -287,7 +287,7 @@ async def test_a_held_launch_runs_nothing_unless_released(tmp_path: Path) -> Non
     assert (tmp_path / "token").read_text() == "tok", "the token arrives through its pipe"
 
 
-def _can_switch_to_nobody() -> bool:
+def can_switch_to_nobody() -> bool:
     try:
         pwd.getpwnam("nobody")
     except KeyError:
@@ -295,7 +295,7 @@ def _can_switch_to_nobody() -> bool:
     return os.geteuid() == 0
 
 
-@pytest.mark.skipif(not _can_switch_to_nobody(), reason="needs root and the user nobody")
+@pytest.mark.skipif(not can_switch_to_nobody(), reason="needs root and the user nobody")
 async def test_held_launches_as_another_user_survive_busy_grpc_threads(tmp_path: Path) -> None:
     """The launch of a worker with its own user never forks the scheduler (regression).
 

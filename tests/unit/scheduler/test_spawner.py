@@ -22,6 +22,7 @@ import pytest
 
 from libs import proctree
 from services.scheduler import cgroups, processes, spawner
+from tests.unit.scheduler.test_processes import can_switch_to_nobody
 
 CAN_BUILD = platform.system() == "Linux" and shutil.which("cc") is not None
 BUILT = spawner.SPAWN_PROGRAM.is_file()
@@ -345,16 +346,6 @@ async def test_a_stuck_helper_is_killed_and_its_launch_spawned_by_the_scheduler(
         assert await reaped(helper), "the stuck helper was killed and reaped"
     finally:
         await helper.close()
-
-
-def can_switch_to_nobody() -> bool:
-    import pwd
-
-    try:
-        pwd.getpwnam("nobody")
-    except KeyError:
-        return False
-    return os.geteuid() == 0
 
 
 @pytest.mark.skipif(not can_switch_to_nobody(), reason="needs root and the user nobody")
