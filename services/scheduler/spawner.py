@@ -214,6 +214,9 @@ class SpawnHelper:
                 raise SpawnRequestTooLarge(str(exc)) from exc
             self._gone(f"sending failed: {exc}")
             raise SpawnHelperGone(f"the spawn helper is gone ({exc})") from exc
+        except BaseException:  # cancelled while the socket was full: never sent, never answered
+            self._waiting.pop(request_id, None)
+            raise
         stuck = loop.call_later(self.answer_timeout_s, self._no_answer, request_id)
         try:
             reply = await answer

@@ -450,3 +450,33 @@ async def test_a_helper_that_died_is_started_anew_once_reaped(tmp_path: Path) ->
         assert (spawns_by("helper"), spawns_by("scheduler")) == (by_helper + 2, by_scheduler + 1)
     finally:
         await h.close()
+
+
+async def test_a_launch_cancelled_before_its_request_could_be_sent_leaves_nothing_waiting(tmp_path: Path) -> None:
+    """The socket full (a helper that reads nothing): the request waits to be sent; cancelled
+    then, it was never sent and nothing waits for its answer."""
+    import socket
+    import subprocess
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        while True:  # fill it: nobody reads the other end
+            ours.send(b"x" * 1024)
+    silent = subprocess.Popen(["sleep", "60"])
+    helper = spawner.SpawnHelper(silent, ours)
+    r, w = os.pipe()
+    try:
+        send = asyncio.ensure_future(helper.spawn(["/bin/true"], tmp_path, ENV, tmp_path / "w.log", r, r))
+        await asyncio.sleep(0.05)
+        assert not send.done() and helper.unanswered == 1, "waiting to be sent"
+        send.cancel()
+        await asyncio.gather(send, return_exceptions=True)
+        assert helper.unanswered == 0, "the cancelled, unsent request waits for nothing"
+    finally:
+        silent.kill()
+        silent.wait()
+        ours.close()
+        theirs.close()
+        os.close(r)
+        os.close(w)
