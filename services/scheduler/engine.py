@@ -201,7 +201,7 @@ class Engine:
             why = await asyncio.to_thread(processes.unsafe_program, spawner.SPAWN_PROGRAM, False)
             if not why:
                 try:
-                    helper = spawner.SpawnHelper.start()  # here: a child of this thread, not a pool's
+                    helper = spawner.SpawnHelper.start()
                 except OSError as exc:
                     why = f"{spawner.SPAWN_PROGRAM}: {exc}"
             if helper is None and mode == "helper":

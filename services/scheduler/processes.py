@@ -39,9 +39,8 @@ import structlog
 from libs import proctree
 from libs.settings import WorkerProfile
 from services.scheduler import cgroups, worker_log
-from services.scheduler import spawner as spawner_mod
 from services.scheduler.domain import Attempt, ProcessIdentity
-from services.scheduler.spawner import SpawnHelper, SpawnHelperGone, SpawnRequestTooLarge
+from services.scheduler.spawner import STAGE_WORKSPACE, TOKEN_FD, SpawnHelper, SpawnHelperGone, SpawnRequestTooLarge
 
 log = structlog.get_logger("scheduler")
 
@@ -327,10 +326,27 @@ def _make_workspace(cwd: Path, run_as: RunAs | None) -> None:
         os.chown(cwd, run_as.uid, run_as.gid)  # a fresh workspace belongs to the worker's user
 
 
-def _prepare(cwd: Path, log_path: Path, argv0: str, path_env: str | None, run_as: RunAs | None) -> BinaryIO:
+def _require_executable(argv0: str, path_env: str | None) -> None:
     # The shell would only say "not found" after the release; fail the launch now instead.
     if not _executable(argv0, path_env):
         raise FileNotFoundError(2, "no such executable", argv0)
+
+
+def _token_pipe(token: str) -> int:
+    """The read end of a pipe holding ``token`` (the write end closed: the worker reads it once)."""
+    tok_r, tok_w = os.pipe()
+    try:
+        os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
+    except BaseException:
+        os.close(tok_r)
+        raise
+    finally:
+        os.close(tok_w)
+    return tok_r
+
+
+def _prepare(cwd: Path, log_path: Path, argv0: str, path_env: str | None, run_as: RunAs | None) -> BinaryIO:
+    _require_executable(argv0, path_env)
     if not cwd.exists():
         _make_workspace(cwd, run_as)
     return os.fdopen(worker_log.open_for_worker(log_path), "ab")
@@ -432,17 +448,11 @@ async def _spawn_by_helper(
 ) -> Launched:
     """The held worker, started by the spawn helper (``go_w`` is closed if it cannot be)."""
     try:
-        # The shell would only say "not found" after the release; fail the launch now instead.
-        if not _executable(argv0, env.get("PATH")):
-            raise FileNotFoundError(2, "no such executable", argv0)
-        worker_env = {**env, TOKEN_FD_ENV: str(spawner_mod.TOKEN_FD)}
+        _require_executable(argv0, env.get("PATH"))
+        worker_env = {**env, TOKEN_FD_ENV: str(TOKEN_FD)}
         for attempt in range(2):
-            tok_r, tok_w = os.pipe()
+            tok_r = _token_pipe(token)
             try:
-                try:
-                    os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
-                finally:
-                    os.close(tok_w)
                 # The services run with umask 077 (private files); a worker gets the usual one.
                 spawned = await spawner.spawn(
                     held,
@@ -459,7 +469,7 @@ async def _spawn_by_helper(
                 break
             except FileNotFoundError as exc:
                 # A workspace not made yet (rare: asked of the disk only then, off the loop).
-                if attempt or getattr(exc, "spawn_step", None) != spawner_mod.STAGE_WORKSPACE:
+                if attempt or getattr(exc, "spawn_step", None) != STAGE_WORKSPACE:
                     raise
                 await asyncio.to_thread(_make_workspace, cwd, run_as)
             finally:
@@ -502,12 +512,8 @@ def _spawn_held(
     log_file = _prepare(cwd, log_path, argv0, env.get("PATH"), run_as)
     if cgroup is not None:
         cgroup.mkdir(parents=True, exist_ok=True)  # the folder itself may have been cleaned up meanwhile
-    tok_r, tok_w = os.pipe()
+    tok_r = _token_pipe(token)
     try:
-        try:
-            os.write(tok_w, token.encode())  # far below the pipe's capacity: never blocks
-        finally:
-            os.close(tok_w)
         with log_file:
             # Never user=/group=/extra_groups=/preexec_fn= here: CPython would fork() instead
             # of vfork().

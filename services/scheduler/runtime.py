@@ -179,7 +179,7 @@ class Runtime:
             return None
         self._spawner_restart_at = time.monotonic() + self.spawner_restart_s
         try:
-            fresh = SpawnHelper.start(helper.program)  # from the event loop's thread, as at start-up
+            fresh = SpawnHelper.start(helper.program)  # brief, and at most every spawner_restart_s
         except OSError as exc:
             log.error("spawn_helper_restart_failed", previous=helper.pid, error=str(exc))
             return None

@@ -149,11 +149,9 @@ class SpawnHelper:
 
     @classmethod
     def start(cls, program: Path = SPAWN_PROGRAM, legacy_clone: bool = False) -> SpawnHelper:
-        """(Blocking, brief.) Start the helper as this process's child, with its socket.
-
-        From the event loop's thread: the helper must be a direct child of this process (its
-        workers become this process's children). ``legacy_clone``: clone() instead of clone3
-        (what it falls back to where clone3 is filtered out; for tests).
+        """(Blocking, brief: one vfork/exec.) Start the helper as this process's child, with its
+        socket: its workers become this process's children (``CLONE_PARENT``). ``legacy_clone``:
+        clone() instead of clone3 (what it falls back to where clone3 is filtered out; for tests).
         """
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
