@@ -36,6 +36,7 @@
 #include <grp.h>
 #include <linux/sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,6 +315,10 @@ static void serve(ssize_t size, int *fds, int nfds) {
 }
 
 int main(int argc, char **argv) {
+    /* Not dumpable: a process of the same user (a worker running as the scheduler's user) can
+     * neither trace this one nor take its socket with pidfd_getfd(). Each worker's exec makes
+     * the worker dumpable again as usual. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     /* Workers start from a clean slate whatever the scheduler had: no blocked or ignored signal. */
     sigset_t none;
     sigemptyset(&none);
@@ -375,6 +380,9 @@ int main(int argc, char **argv) {
         } else {
             serve(size, fds, nfds);
         }
+        /* The next worker's copy of this program (until its exec) holds its own request only,
+         * never another profile's environment. */
+        memset(buffer, 0, (size_t)size < sizeof buffer ? (size_t)size : sizeof buffer);
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
     }

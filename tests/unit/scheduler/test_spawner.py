@@ -15,7 +15,7 @@ import os
 import platform
 import shutil
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -375,14 +375,11 @@ async def test_a_worker_of_another_user_is_switched_by_the_helpers_child_without
     assert workspace.stat().st_uid == entry.pw_uid, "a fresh workspace belongs to the worker's user"
 
 
-@pytest.mark.skipif(not can_switch_to_nobody(), reason="needs root and the user nobody")
-async def test_a_user_switch_the_helper_may_not_make_fails_the_launch() -> None:
-    """A helper without the right to switch users (here: one running as nobody, asked for root)
-    fails the launch with the step named, and leaves no child behind."""
+def helper_as_nobody() -> spawner.SpawnHelper:
+    """A helper running as the user nobody (as the helper of a scheduler that is not root)."""
     import pwd
     import socket
     import subprocess
-    import tempfile
 
     nobody = pwd.getpwnam("nobody")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -391,17 +388,50 @@ async def test_a_user_switch_the_helper_may_not_make_fails_the_launch() -> None:
     )
     theirs.close()
     ours.setblocking(False)
-    helper = spawner.SpawnHelper(process, ours)
+    return spawner.SpawnHelper(process, ours)
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A folder the user nobody may write to (its workers' logs)."""
+    import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp).chmod(0o777)  # where nobody may write the log
-        try:
-            root = processes.RunAs(uid=0, gid=0, home="/root")
-            with pytest.raises(PermissionError, match="switching to the profile's user"):
-                await processes.launch(["true"], Path(tmp), ENV, Path(tmp) / "w.log", "t", run_as=root, spawner=helper)
-            assert helper.alive
-            assert await no_children_but(helper)
-        finally:
-            await helper.close()
+        Path(tmp).chmod(0o777)
+        yield Path(tmp)
+
+
+@pytest.mark.skipif(not can_switch_to_nobody(), reason="needs root and the user nobody")
+async def test_a_user_switch_the_helper_may_not_make_fails_the_launch(open_folder: Path) -> None:
+    """A helper without the right to switch users (here: one running as nobody, asked for root)
+    fails the launch with the step named, and leaves no child behind."""
+    helper = helper_as_nobody()
+    try:
+        root = processes.RunAs(uid=0, gid=0, home="/root")
+        with pytest.raises(PermissionError, match="switching to the profile's user"):
+            await processes.launch(["true"], open_folder, ENV, open_folder / "w.log", "t", run_as=root, spawner=helper)
+        assert helper.alive
+        assert await no_children_but(helper)
+    finally:
+        await helper.close()
+
+
+@pytest.mark.skipif(not can_switch_to_nobody(), reason="needs root and the user nobody")
+async def test_the_helper_cannot_be_traced_by_its_own_user_but_its_workers_can(open_folder: Path) -> None:
+    """Not dumpable: a worker of the helper's own user can neither trace it nor take its socket
+    (the kernel then gives its /proc entries to root); a worker, once exec'd, is as usual."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    helper = helper_as_nobody()
+    try:
+        launched = await processes.launch(["true"], open_folder, ENV, open_folder / "w.log", "t", spawner=helper)
+        assert os.stat(f"/proc/{helper.pid}/fd").st_uid == 0, "the helper is not dumpable"
+        assert os.stat(f"/proc/{launched.pid}/fd").st_uid == nobody.pw_uid, "its worker is"
+        launched.release()
+        assert await launched.process.wait() == 0
+    finally:
+        await helper.close()
 
 
 def spawns_by(by: str) -> float:
