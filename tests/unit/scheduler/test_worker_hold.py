@@ -7,6 +7,7 @@ scheduler must only ever run a copy nobody else can replace.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -115,8 +116,14 @@ async def test_a_held_launch_runs_nothing_unless_released_whatever_holds_it(tmp_
     assert await held.process.wait() == processes.ABANDONED and not marker.exists()
 
     released = await processes.launch(command, tmp_path, env, tmp_path / "released.log", "tok", hold=hold)
-    with open(f"/proc/{released.pid}/cmdline", "rb") as cmdline:
-        assert cmdline.read().split(b"\0")[0] == hold.prefix[0].encode(), "held by the hold asked for"
+    # The spawn returns once the old image is gone; the new one's argv shows a moment later.
+    for _ in range(250):
+        with open(f"/proc/{released.pid}/cmdline", "rb") as cmdline:
+            argv = cmdline.read().split(b"\0")
+        if argv[0]:
+            break
+        await asyncio.sleep(0.02)
+    assert argv[0] == hold.prefix[0].encode(), "held by the hold asked for"
     released.release()
     assert await released.process.wait() == 0 and marker.exists()
     assert (tmp_path / "token").read_text() == "tok", "the token arrives through its pipe"
