@@ -153,6 +153,23 @@ def process_table() -> ProcessTable:
     return table
 
 
+def own_children() -> set[int]:
+    """The pids of this process's children, from each thread's ``children`` list (a child is
+    its forking thread's; an orphan re-parented to a subreaper, whichever thread the kernel
+    picked). OSError where the kernel has no such lists (CONFIG_PROC_CHILDREN)."""
+    pids: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        fd = os.open(f"/proc/self/task/{tid}/children", _STAT_FLAGS)
+        try:
+            data = b""
+            while chunk := os.read(fd, 65536):
+                data += chunk
+        finally:
+            os.close(fd)
+        pids.update(int(pid) for pid in data.split())
+    return pids
+
+
 def children_map(table: dict[int, ProcStat]) -> dict[int, list[int]]:
     children: dict[int, list[int]] = defaultdict(list)
     for stat in table.values():

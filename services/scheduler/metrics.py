@@ -52,6 +52,13 @@ WORKER_SPAWNS = Counter(
     "thread: worker_spawn = scheduler, no helper built, or the helper gone)",
     ["by"],
 )
+EXIT_PROOFS = Counter(
+    "taskgate_exit_proofs_total",
+    "Exited workers whose attempt was looked at for leftovers, by what answered: kernel (the "
+    "leader's pidfd, the cgroup and this process's children said nothing is left, no table read) "
+    "or table (a process-table read was needed: something may be left, or the kernel could not tell)",
+    ["by"],
+)
 LAUNCH_STEP = Histogram(
     "taskgate_task_launch_step_seconds",
     "Wall time of each step of a launch: claim_commit (the task, its earlier attempts and the "

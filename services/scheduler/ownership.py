@@ -198,6 +198,19 @@ class Ownership:
         self._checked = (table, result)
         return list(result)
 
+    def strays(self) -> bool:
+        """(Any thread.) Whether this process has a live child that is not a worker leader it
+        knows (nor a spawn being recorded): a possible orphan of an attempt. True when the
+        kernel cannot list the children, or a thread ended while they were read (its children
+        moved to another thread, maybe one read before)."""
+        try:
+            children = proctree.own_children()
+        except OSError:
+            return True
+        unknown = children - self._leader_pids()
+        # A dead one (an orphan's zombie, a helper command's) is no process of anyone's.
+        return any((stat := proctree.read_stat(pid)) is None or stat.alive for pid in unknown)
+
     def reap(self, table: dict[int, proctree.ProcStat]) -> None:
         known = {(d.pid, d.start_time) for a in self.owned.values() for d in a.descendants} | self._reapable
         if self._reap_unknown:
@@ -226,4 +239,5 @@ class Ownership:
             orphan_check=self.orphan_check if self.subreaper else None,
             cgroup_kill=self.cgroups.has_kill if self.cgroups else False,
             group_signal=self.signal_group,
+            strays=self.strays,
         )

@@ -827,6 +827,38 @@ class StopContext:
     orphan_check: OrphanCheck | None = None
     cgroup_kill: bool = True  # the cgroup offers cgroup.kill (else freeze + SIGKILL)
     group_signal: GroupSignal | None = None  # through the leader's kept pidfd (this incarnation's)
+    # With ``orphan_check``: whether this process has a live child that is not a known worker
+    # leader — a possible orphan, which only a table read can attribute (True when unknown).
+    strays: Callable[[], bool] | None = None
+
+
+def kernel_proof(attempt: Attempt, ctx: StopContext, remove_empty_cgroup: bool = False) -> TreeStatus | None:
+    """(Blocking.) Proof that nothing of an attempt whose leader has exited is left, from what
+    the kernel says without a process-table read — or None when only ``look`` can tell.
+
+    Everything a table read would find of the attempt is, with the leader gone: a member of its
+    group; a recorded descendant; a process in its cgroup; or an unrecorded one that left both
+    (a new session, and a cgroup it could write to) — whose topmost surviving ancestor outside
+    them is then an orphan re-parented to this subreaper. So the attempt is gone when the
+    leader's kept pidfd says its group has no member (a group that emptied never regains one),
+    no recorded descendant is alive, its cgroup is empty, and this process has no child but
+    known leaders. Each of the first three answers "none" permanently or for that process's
+    ancestors; the children are read last. ``remove_empty_cgroup``: as ``look``'s (a cgroup
+    that cannot be removed sends the proof to ``look``)."""
+    if attempt.pid_start_time is None or attempt.pgid is None or ctx.group_signal is None:
+        return None  # a legacy record, or an earlier incarnation's attempt: no pidfd kept
+    if ctx.group_signal(attempt, 0) is not False:
+        return None  # members left (``look`` tells whose), or a kernel before Linux 6.9
+    if any(proctree.identity_matches(d.pid, d.start_time) for d in attempt.descendants):
+        return None
+    cgroup = Path(attempt.cgroup) if attempt.cgroup else None
+    if cgroup is not None and cgroups.members(cgroup):
+        return None
+    if ctx.orphan_check is not None and (ctx.strays is None or ctx.strays()):
+        return None
+    if remove_empty_cgroup and cgroup is not None and not cgroups.remove(cgroup):
+        return None
+    return TreeStatus()
 
 
 def look(

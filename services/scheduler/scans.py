@@ -8,12 +8,15 @@ that one read.
 
 An exit's proof (``look``) runs in the read's own hop to a thread, right after
 the read (``then``): one hop per read for all the exits it serves, not one more
-per exit.
+per exit. Most exits need no read at all: the kernel proves them alone
+(``processes.kernel_proof``, through ``quick``), in a hop of their own that
+waits for no read and for no interval.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,30 +26,58 @@ from libs import proctree
 
 Table = dict[int, proctree.ProcStat]
 T = TypeVar("T")
+Look = tuple[Callable[[Table], Any], asyncio.Future[Any]]
+Quick = tuple[Callable[[], Any], asyncio.Future[Any]]
+Outcome = tuple[bool, Any]
 
 
 @dataclass
 class _Round:
-    """The callers of one read: who wants the table, and who wants a look at it."""
+    """The callers of one hop: who wants the table, who wants a look at it, and who wants
+    only the hop (a look that needs no table)."""
 
     table: asyncio.Future[Table]
-    looks: list[tuple[Callable[[Table], Any], asyncio.Future[Any]]] = field(default_factory=list)
+    looks: list[Look] = field(default_factory=list)
+    quick: list[Quick] = field(default_factory=list)
+    wanted: bool = False  # someone waits for the table itself (``fresh``)
+
+    @property
+    def reads(self) -> bool:
+        return self.wanted or bool(self.looks)
+
+
+def _outcome(call: Callable[[], Any]) -> Outcome:
+    try:
+        return True, call()
+    except Exception as exc:  # that caller's alone
+        return False, exc
 
 
 def _read_and_look(
-    reader: Callable[[], Table], looks: list[tuple[Callable[[Table], Any], asyncio.Future[Any]]]
-) -> tuple[float, Table, list[tuple[bool, Any]]]:
-    """(Blocking.) The read, then each look at it; a failed look is that caller's alone.
-    Also returns when the read began (the loop's clock), here rather than before the hop."""
+    reader: Callable[[], Table] | None, looks: list[Look], quick: list[Quick]
+) -> tuple[float, Table | BaseException | None, list[Outcome], list[Outcome]]:
+    """(Blocking.) The looks that need no table, then the read (when ``reader`` is given) and
+    each look at it; a failed look is its caller's alone, a failed read is returned for its
+    waiters. Also returns when the read began (the loop's clock), here rather than before the hop."""
+    quick_outcomes = [_outcome(call) for call, _ in quick]
     began = time.monotonic()
-    table = reader()
-    outcomes: list[tuple[bool, Any]] = []
-    for look, _ in looks:
-        try:
-            outcomes.append((True, look(table)))
-        except Exception as exc:
-            outcomes.append((False, exc))
-    return began, table, outcomes
+    if reader is None:
+        return began, None, [], quick_outcomes
+    try:
+        table = reader()
+    except Exception as exc:
+        return began, exc, [], quick_outcomes
+    return began, table, [_outcome(functools.partial(look, table)) for look, _ in looks], quick_outcomes
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.done():  # its caller was cancelled
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+        future.exception()  # a waiter that left meanwhile: not "never retrieved"
 
 
 class SharedScan:
@@ -57,7 +88,7 @@ class SharedScan:
         # most this long more for its proof.
         self.min_interval_s = min_interval_s
         self._last_start = float("-inf")
-        self._next: _Round | None = None  # the read not begun yet
+        self._next: _Round | None = None  # the hop not begun yet
         self._runner: asyncio.Task[None] | None = None
         self.reads = 0  # how many reads were made (for tests and benchmarks)
         self.hops = 0  # how many hops to a thread they took (one per read, looks included)
@@ -71,7 +102,9 @@ class SharedScan:
 
     async def fresh(self) -> Table:
         """A process table read after this call began (shared with concurrent callers)."""
-        return await asyncio.shield(self._round().table)
+        current = self._round()
+        current.wanted = True
+        return await asyncio.shield(current.table)
 
     async def then(self, look: Callable[[Table], T]) -> T:
         """``look(table)`` (blocking) in the read's own thread, on a table read after this call began."""
@@ -79,34 +112,40 @@ class SharedScan:
         self._round().looks.append((look, result))
         return await result
 
+    async def quick(self, call: Callable[[], T]) -> T:
+        """``call()`` (blocking) in the next hop to a thread, shared with the other callers of the
+        moment; it needs no table, so it waits for no read (if the hop reads, it runs first)."""
+        result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._round().quick.append((call, result))
+        return await result
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._next is not None:
             wait = self._last_start + self.min_interval_s - loop.time()
-            if wait > 0:
+            if self._next.reads and wait > 0:
                 await asyncio.sleep(wait)  # callers arriving meanwhile share this read
-            # Callers arriving from here on wait for the next read: this one may be too early for them.
+            # Callers arriving from here on wait for the next hop: this read may be too early for them.
             current, self._next = self._next, None
-            self._last_start = loop.time()
+            reads = current.reads
+            if reads:
+                self._last_start = loop.time()
             self.hops += 1
-            try:
-                began, table, outcomes = await asyncio.to_thread(_read_and_look, self._reader, current.looks)
-            except Exception as exc:  # every waiter sees the failure
+            began, table, outcomes, quick = await asyncio.to_thread(
+                _read_and_look, self._reader if reads else None, current.looks, current.quick
+            )
+            for (_, future), (ok, value) in zip(current.quick, quick, strict=True):
+                _settle(future, ok, value)
+            if not reads:
+                continue
+            if isinstance(table, BaseException):  # every waiter of the read sees the failure
                 for future in (current.table, *(f for _, f in current.looks)):
-                    if not future.done():
-                        future.set_exception(exc)
-                        future.exception()  # a waiter that left meanwhile: not "never retrieved"
+                    _settle(future, False, table)
                 continue
             # The interval counts from the read's own start: a slow hop to the thread (a new
             # thread, a busy host) must not bring the next read closer than the interval.
             self._last_start = began
             self.reads += 1
-            if not current.table.done():
-                current.table.set_result(table)
+            _settle(current.table, True, table)
             for (_, future), (ok, value) in zip(current.looks, outcomes, strict=True):
-                if future.done():  # its caller was cancelled
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
+                _settle(future, ok, value)

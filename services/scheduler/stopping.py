@@ -17,6 +17,7 @@ from libs import proctree
 from libs.settings import WorkerProfile
 from services.scheduler import containers, domain, processes
 from services.scheduler.domain import Attempt, Cancellation, PendingOutcome, State, Task
+from services.scheduler.metrics import EXIT_PROOFS
 from services.scheduler.runtime import LiveAttempt, Runtime
 from services.scheduler.settling import Settler
 
@@ -25,6 +26,10 @@ log = structlog.get_logger("scheduler")
 # How many more shared reads an exit looks at while all that is left are orphans that fit
 # several attempts (a launch's fork in flight lasts far less than one read interval).
 UNATTRIBUTED_LOOKS = 5
+
+
+_PROVEN_BY_KERNEL = EXIT_PROOFS.labels(by="kernel")
+_PROVEN_BY_TABLE = EXIT_PROOFS.labels(by="table")
 
 
 def _only_unattributed(status: processes.TreeStatus) -> bool:
@@ -84,6 +89,15 @@ class Stopper:
             # The empty cgroup is removed in the same hop when nothing is left.
             return processes.look(attempt, ctx, table, remove_empty_cgroup=not container)
 
+        proven = None
+        if not container:
+            # Most often the kernel proves it alone, with no table read and no wait for one.
+            proven = await self.rt.scans.quick(lambda: processes.kernel_proof(attempt, ctx, remove_empty_cgroup=True))
+        if proven is not None:
+            _PROVEN_BY_KERNEL.inc()
+            ownership.drop(attempt)
+            return
+        _PROVEN_BY_TABLE.inc()
         # On a table read after the exit, in that read's own hop to a thread (shared with the
         # other exits of the interval and the supervisor tick).
         status = await self.rt.scans.then(look)

@@ -31,6 +31,7 @@ EXPECTED = {
         "taskgate_group_commit_reruns",
         "taskgate_store_units",
         "taskgate_store_unit_cpu_seconds",
+        "taskgate_exit_proofs",
         "taskgate_rpc_duration_seconds",
     },
     "pending": {
@@ -118,6 +119,13 @@ def test_a_task_moves_the_lifecycle_metrics(stack: Stack, api: Api) -> None:
     by = "helper" if SPAWN_PROGRAM.is_file() else "scheduler"
     assert (
         value(after, "taskgate_worker_spawns_total", by=by) >= value(before, "taskgate_worker_spawns_total", by=by) + 1
+    )
+    # The worker left nothing: the kernel proved it (leader's pidfd, cgroup, no stray child), no table read.
+    assert value(after, "taskgate_exit_proofs_total", by="kernel") >= (
+        value(before, "taskgate_exit_proofs_total", by="kernel") + 1
+    )
+    assert value(after, "taskgate_exit_proofs_total", by="table") == value(
+        before, "taskgate_exit_proofs_total", by="table"
     )
     # The gateway sends its creates in CreateTasks batches (one create here, alone).
     create = {"method": "/taskgate.scheduler.v1.SchedulerService/CreateTasks", "code": "OK"}

@@ -21,8 +21,8 @@ import pytest
 from libs import proctree
 from libs.db import Database
 from libs.settings import WorkerProfile
-from services.scheduler import cgroups
-from services.scheduler.domain import Attempt, FailureCode, State, Task
+from services.scheduler import cgroups, processes
+from services.scheduler.domain import Attempt, FailureCode, ProcessIdentity, State, Task
 from services.scheduler.ownership import Ownership
 from services.scheduler.store import MIGRATIONS
 from tests.support.postgres import fresh_database
@@ -403,3 +403,162 @@ def test_dropping_an_attempt_kills_what_of_its_group_a_process_table_read_missed
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(member, signal.SIGKILL)
+
+
+# --- The kernel's proof of an exited attempt (processes.kernel_proof): no process-table read ---
+
+LEAVES_A_SETSID_DAEMON = WorkerProfile(command=["sh", "-c", "setsid sh -c 'sleep 31 &'; exit 0"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_daemon_left_by_a_worker_that_exits_is_stopped_before_its_task_ends(tmp_path: Path, mode: str) -> None:
+    """The worker exits at once, leaving a daemon in a session of its own: its group is empty
+    and nothing recorded it, so the kernel's proof must not conclude — the cgroup holds it (cgroup
+    modes) or it is an orphan of this subreaper (subreaper mode) — and the table read that follows
+    finds and stops it before the task completes."""
+    from services.scheduler.metrics import EXIT_PROOFS
+
+    h = await start_harness(tmp_path, workers={"leaves-daemon": LEAVES_A_SETSID_DAEMON}, proof_mode=mode)
+    began = proctree.boot_ticks() - 1
+    by_table = EXIT_PROOFS.labels(by="table")._value.get()
+    try:
+        task = await h.create("leaves-daemon")
+        assert await h.engine.dispatch_once() == 1
+        done = await h.wait(task.task_id, [State.COMPLETED, State.FAILED, State.NEEDS_RECONCILIATION])
+        assert done.state == State.COMPLETED
+        assert daemons_after(began) == [], "the task completed while its worker's daemon lives"
+        assert EXIT_PROOFS.labels(by="table")._value.get() == by_table + 1, "a table read looked for what was left"
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert attempts[-1].attempt_id not in h.engine.ownership.owned
+    finally:
+        for daemon in daemons_after(began):
+            kill_quietly(daemon.pid)
+        await h.close()
+
+
+def _held_attempt(command: list[str], own: Ownership, cgroup: Path | None = None) -> tuple[Attempt, subprocess.Popen]:  # type: ignore[type-arg]
+    """A leader in its own session (in ``cgroup`` from its start), its pidfd kept as the engine
+    keeps it, and the attempt that records it."""
+    leader = subprocess.Popen(
+        command,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        preexec_fn=(lambda: (cgroup / "cgroup.procs").write_text("0")) if cgroup else None,  # noqa: PLW1509
+    )
+    stat = proctree.read_stat(leader.pid)
+    assert stat is not None
+    attempt = Attempt(
+        attempt_id=f"{leader.pid:032x}",
+        task_id="t" * 32,
+        number=1,
+        boot_id="b",
+        token_hash="h",
+        pid=leader.pid,
+        pgid=leader.pid,
+        pid_start_time=stat.start_time,
+        cgroup=str(cgroup) if cgroup else None,
+    )
+    own.owned[attempt.attempt_id] = attempt
+    own.keep_group(attempt, os.pidfd_open(leader.pid))
+    return attempt, leader
+
+
+def wait_own_session(pid: int) -> None:
+    """Until ``pid`` has left its parent's group for a session of its own (``setsid``)."""
+    deadline = time.monotonic() + 5
+    while (stat := proctree.read_stat(pid)) is None or stat.sid != pid:
+        assert stat is not None and time.monotonic() < deadline, "it never started its own session"
+        time.sleep(0.01)
+
+
+def _context(own: Ownership, strays: bool = False) -> processes.StopContext:
+    ctx = own.stop_context()
+    ctx.orphan_check = own.orphan_check  # as with a subreaper
+    ctx.strays = lambda: strays
+    return ctx
+
+
+def test_the_kernel_proves_an_attempt_gone_when_its_group_is_empty_and_nothing_else_is_left() -> None:
+    own = Ownership(proctree.process_table, lambda: set(), reap_unknown=False)
+    attempt, leader = _held_attempt(["true"], own)
+    leader.wait()
+    status = processes.kernel_proof(attempt, _context(own))
+    assert status is not None and status.gone
+    # Each of these leaves the proof to a table read.
+    assert processes.kernel_proof(attempt, _context(own, strays=True)) is None, "a child that may be an orphan"
+    assert processes.kernel_proof(attempt.model_copy(update={"pid_start_time": None}), _context(own)) is None
+    own.drop(attempt)
+    assert processes.kernel_proof(attempt, _context(own)) is None, "no pidfd kept: the kernel cannot say"
+
+
+def test_the_kernel_proof_leaves_a_live_group_member_or_recorded_descendant_to_the_table() -> None:
+    own = Ownership(proctree.process_table, lambda: set(), reap_unknown=False)
+    attempt, leader = _held_attempt(["sh", "-c", "sleep 60 & echo $!; setsid sleep 60 & echo $!; exit 0"], own)
+    assert leader.stdout is not None
+    member, escaped = int(leader.stdout.readline()), int(leader.stdout.readline())
+    leader.wait()
+    wait_own_session(escaped)
+    try:
+        assert processes.kernel_proof(attempt, _context(own)) is None, "a member is left in the group"
+        os.kill(member, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while processes.kernel_proof(attempt, _context(own)) is None:
+            assert time.monotonic() < deadline, "the group emptied but the kernel never said so"
+            time.sleep(0.01)
+        stat = proctree.read_stat(escaped)
+        assert stat is not None and stat.alive
+        attempt.descendants.append(ProcessIdentity(pid=escaped, start_time=stat.start_time))
+        assert processes.kernel_proof(attempt, _context(own)) is None, "a recorded descendant is alive"
+    finally:
+        for pid in (member, escaped):
+            kill_quietly(pid)
+
+
+@pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")
+def test_the_kernel_proof_reads_the_cgroup_and_removes_it_once_empty() -> None:
+    groups = cgroups.Cgroups.detect("taskgate-kernel-proof", (2,))
+    own = Ownership(proctree.process_table, lambda: set(), reap_unknown=False)
+    cgroup = groups.create("k" * 32)
+    try:
+        # A daemon in a session of its own, still in the attempt's cgroup.
+        attempt, leader = _held_attempt(["sh", "-c", "setsid sleep 60 & echo $!; exit 0"], own, cgroup)
+        assert leader.stdout is not None
+        daemon = int(leader.stdout.readline())
+        leader.wait()
+        wait_own_session(daemon)
+        assert processes.kernel_proof(attempt, _context(own)) is None, "the cgroup has a member"
+        assert processes.kernel_proof(attempt, _context(own), remove_empty_cgroup=True) is None
+        assert cgroup.exists(), "a cgroup with a member is not removed"
+        kill_quietly(daemon)
+        deadline = time.monotonic() + 5
+        while (status := processes.kernel_proof(attempt, _context(own), remove_empty_cgroup=True)) is None:
+            assert time.monotonic() < deadline, "the cgroup emptied but the proof never came"
+            time.sleep(0.01)
+        assert status.gone and not cgroup.exists(), "the empty cgroup is removed with the proof"
+    finally:
+        cgroups.kill(cgroup, groups.has_kill) if cgroup.exists() else None
+        cgroups.remove(cgroup)
+        groups.close()
+
+
+def test_strays_are_the_live_children_that_are_no_known_leader() -> None:
+    before = proctree.own_children()  # whatever else this test process has started
+    leaders: set[int] = set()
+    own = Ownership(proctree.process_table, lambda: before | leaders, reap_unknown=False)
+    assert not own.strays()
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert own.strays(), "a child that is not a leader may be an orphan"
+        leaders.add(child.pid)
+        assert not own.strays()
+        leaders.clear()
+        child.kill()
+        deadline = time.monotonic() + 5
+        while (stat := proctree.read_stat(child.pid)) is not None and stat.alive:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert child.pid in proctree.own_children(), "a zombie until reaped"
+        assert not own.strays(), "a dead child is nobody's process"
+    finally:
+        child.kill()
+        child.wait()
