@@ -390,10 +390,16 @@ def launch_line(figures: dict[str, float]) -> str:
 def conditions_line(figures: dict[str, float]) -> str:
     """How saturated the run was and what a log file cost to create: a throughput figure means
     little without them on a shared VM."""
+    proofs = figures.get("exit_proofs:kernel", 0.0) + figures.get("exit_proofs:table", 0.0)
+    kernel = (
+        f"; {100 * figures.get('exit_proofs:kernel', 0.0) / proofs:.0f} % of exits proven by the kernel alone"
+        if proofs
+        else ""
+    )
     return (
         f"during the run: the scheduler kept {figures['scheduler_cores']:.2f} of a core busy, the machine "
         f"{100 * figures['machine_busy']:.0f} % of its {os.cpu_count()} CPUs; a file create on the data disk "
-        f"took {figures['file_create_us']:.0f} us just before"
+        f"took {figures['file_create_us']:.0f} us just before{kernel}"
     )
 
 

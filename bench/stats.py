@@ -107,13 +107,16 @@ GROUP_COMMIT_COUNTERS = {
 def store_counters(families: Iterable[Any]) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     """From a scheduler's metric families (a ``/metrics`` page parsed, or an in-process
     registry's ``collect()``): its store units by store call, (units run, database-thread CPU s);
-    and its group commit's ``transactions`` and ``reruns`` so far."""
+    and its group commit's ``transactions`` and ``reruns`` so far (with ``exit_proofs:kernel`` and
+    ``exit_proofs:table``, the exits proven each way)."""
     units: dict[str, list[float]] = {}
     group: dict[str, float] = {}
     for family in families:
         for sample in family.samples:
             if sample.name in GROUP_COMMIT_COUNTERS:
                 group[GROUP_COMMIT_COUNTERS[sample.name]] = sample.value
+            if sample.name == "taskgate_exit_proofs_total":  # how exits were proven: kernel | table
+                group[f"exit_proofs:{sample.labels['by']}"] = sample.value
             which = {"taskgate_store_units_total": 0, "taskgate_store_unit_cpu_seconds_total": 1}.get(sample.name)
             if which is not None:
                 units.setdefault(sample.labels["unit"], [0.0, 0.0])[which] = sample.value

@@ -153,21 +153,36 @@ def process_table() -> ProcessTable:
     return table
 
 
-def own_children() -> set[int]:
-    """The pids of this process's children, from each thread's ``children`` list (a child is
-    its forking thread's; an orphan re-parented to a subreaper, whichever thread the kernel
-    picked). OSError where the kernel has no such lists (CONFIG_PROC_CHILDREN)."""
-    pids: set[int] = set()
-    for tid in os.listdir("/proc/self/task"):
-        fd = os.open(f"/proc/self/task/{tid}/children", _STAT_FLAGS)
-        try:
-            data = b""
-            while chunk := os.read(fd, 65536):
-                data += chunk
-        finally:
-            os.close(fd)
-        pids.update(int(pid) for pid in data.split())
-    return pids
+def orphan_parent_children() -> set[int]:
+    """The pids of this process's main thread's children. A subreaper's orphans are re-parented
+    to its first live thread — the main thread, while it runs (``find_new_reaper`` in the
+    kernel's exit.c) —, so every orphan this process has is listed here, with the children the
+    main thread forked itself (those of other threads are not: none of them is an orphan).
+    OSError where the kernel keeps no such list (CONFIG_PROC_CHILDREN)."""
+    fd = os.open(f"/proc/self/task/{os.getpid()}/children", _STAT_FLAGS)
+    try:
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    finally:
+        os.close(fd)
+    return {int(pid) for pid in data.split()}
+
+
+def kernel_answers_exits() -> bool:
+    """Whether this kernel lists a thread's children (``orphan_parent_children``) and signals a group
+    through a pidfd (``signal_led_group``, Linux 6.9): what an exit's proof without a table
+    read needs (``processes.kernel_proof``)."""
+    try:
+        orphan_parent_children()
+    except OSError:
+        return False
+    fd = os.pidfd_open(os.getpid())
+    try:
+        # Signal 0 to the group this process leads: none (ESRCH) or itself; EINVAL before 6.9.
+        return signal_led_group(fd, 0) is not None
+    finally:
+        os.close(fd)
 
 
 def children_map(table: dict[int, ProcStat]) -> dict[int, list[int]]:

@@ -200,16 +200,45 @@ class Ownership:
 
     def strays(self) -> bool:
         """(Any thread.) Whether this process has a live child that is not a worker leader it
-        knows (nor a spawn being recorded): a possible orphan of an attempt. True when the
-        kernel cannot list the children, or a thread ended while they were read (its children
-        moved to another thread, maybe one read before)."""
+        knows and may be an orphan of an attempt: one of the children of its main thread, where
+        the kernel re-parents every orphan (``proctree.orphan_parent_children``). True when the
+        kernel keeps no list of them.
+
+        A worker being launched may be such a child until its launch records the pid — under
+        load there is nearly always one. In cgroup mode it is born in its launching attempt's
+        cgroup (``CLONE_INTO_CGROUP``), and a child found in the cgroup of an attempt still
+        launching is not counted: it is that launch's worker, or a process that moved itself
+        there, which that attempt's own cgroup now holds and its end stops and proves (as
+        attributing orphans by their cgroup does). In subreaper mode nothing tells such a child
+        from an orphan (``kernel_may_prove``)."""
         try:
-            children = proctree.own_children()
+            children = proctree.orphan_parent_children()
         except OSError:
             return True
         unknown = children - self._leader_pids()
-        # A dead one (an orphan's zombie, a helper command's) is no process of anyone's.
-        return any((stat := proctree.read_stat(pid)) is None or stat.alive for pid in unknown)
+        if not unknown:
+            return False
+        launching = self._launching_cgroups()
+        for pid in unknown:
+            stat = proctree.read_stat(pid)
+            if stat is not None and not stat.alive:
+                continue  # a zombie (an orphan's, a helper command's) is no process of anyone's
+            if stat is not None and launching and processes.cgroup_folders_of(pid) & launching:
+                continue
+            return True
+        return False
+
+    def kernel_may_prove(self) -> bool:
+        """Whether an exit's proof by the kernel alone can succeed now: not in subreaper mode
+        while a launch's worker is not recorded yet (it would count as a stray)."""
+        return self.cgroups is not None or not (self._forking or self._spawned)
+
+    def _launching_cgroups(self) -> set[str]:
+        """The cgroup folder names of the attempts between their spawn and its recording."""
+        if self.cgroups is None:
+            return set()
+        with self._lock:
+            return set(self._forking) | set(self._spawned)
 
     def reap(self, table: dict[int, proctree.ProcStat]) -> None:
         known = {(d.pid, d.start_time) for a in self.owned.values() for d in a.descendants} | self._reapable

@@ -627,7 +627,7 @@ def record_descendants(attempt: Attempt, table: dict[int, proctree.ProcStat]) ->
     return _record(attempt, found)
 
 
-def _cgroup_folders_of(pid: int) -> set[str]:
+def cgroup_folders_of(pid: int) -> set[str]:
     """Every folder name on the process's cgroup paths (v2 and the v1 hierarchies)."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
@@ -650,7 +650,7 @@ def attribute_orphans(
     for orphan in orphans:
         if (orphan.pid, orphan.start_time) in recorded:
             continue
-        folders = _cgroup_folders_of(orphan.pid)
+        folders = cgroup_folders_of(orphan.pid)
         by_cgroup = [a for a in owned if a.cgroup and Path(a.cgroup).name in folders]
         candidates = by_cgroup or [
             a for a in owned if a.pid_start_time is not None and a.pid_start_time <= orphan.start_time

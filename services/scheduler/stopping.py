@@ -90,7 +90,7 @@ class Stopper:
             return processes.look(attempt, ctx, table, remove_empty_cgroup=not container)
 
         proven = None
-        if not container:
+        if not container and ownership.kernel_may_prove():
             # Most often the kernel proves it alone, with no table read and no wait for one.
             proven = await self.rt.scans.quick(lambda: processes.kernel_proof(attempt, ctx, remove_empty_cgroup=True))
         if proven is not None:

@@ -120,13 +120,16 @@ def test_a_task_moves_the_lifecycle_metrics(stack: Stack, api: Api) -> None:
     assert (
         value(after, "taskgate_worker_spawns_total", by=by) >= value(before, "taskgate_worker_spawns_total", by=by) + 1
     )
-    # The worker left nothing: the kernel proved it (leader's pidfd, cgroup, no stray child), no table read.
-    assert value(after, "taskgate_exit_proofs_total", by="kernel") >= (
-        value(before, "taskgate_exit_proofs_total", by="kernel") + 1
+    # The worker left nothing: the kernel proved it (leader's pidfd, cgroup, no stray child) with
+    # no table read, wherever it can (Linux 6.9 with /proc children lists).
+    from libs.proctree import kernel_answers_exits
+
+    proof, other = ("kernel", "table") if kernel_answers_exits() else ("table", "kernel")
+    assert (
+        value(after, "taskgate_exit_proofs_total", by=proof)
+        >= value(before, "taskgate_exit_proofs_total", by=proof) + 1
     )
-    assert value(after, "taskgate_exit_proofs_total", by="table") == value(
-        before, "taskgate_exit_proofs_total", by="table"
-    )
+    assert value(after, "taskgate_exit_proofs_total", by=other) == value(before, "taskgate_exit_proofs_total", by=other)
     # The gateway sends its creates in CreateTasks batches (one create here, alone).
     create = {"method": "/taskgate.scheduler.v1.SchedulerService/CreateTasks", "code": "OK"}
     assert value(after, "taskgate_rpc_duration_seconds_count", **create) > value(
