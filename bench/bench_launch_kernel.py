@@ -4,9 +4,11 @@ Run: .venv/bin/python bench/bench_launch_kernel.py [N]
 N (500) times each, in this thread, in a temporary folder (the data directory's file system
 when TMPDIR points there): creating an attempt's log file, a cgroup mkdir, a held spawn
 (the hold the scheduler would choose), the `cgroup.procs` write, reading the start time, the
-release, the wait, a process-table read, the cgroup rmdir. Prints this thread's user and system
-CPU and the wall time per step. On ext4 without a journal, a file create skips every inode freed
-in the last minutes (`recently_deleted`), so the log file's figure depends on what was deleted.
+release, the wait, an exit's proof by the kernel (the group asked through a pidfd kept on the
+leader, the cgroup's events, the main thread's children), a process-table read, the cgroup rmdir.
+Prints this thread's user and system CPU and the wall time per step. On ext4 without a journal, a
+file create skips every inode freed in the last minutes (`recently_deleted`), so the log file's
+figure depends on what was deleted.
 """
 
 from __future__ import annotations
@@ -70,7 +72,14 @@ def main() -> None:
         timed("cgroup.procs write", n, lambda i: cgroups.add(paths[i], held[i][0].pid))
         timed("read the start time", n, lambda i: proctree.start_time_of(held[i][0].pid))
         timed("release", n, release)
+        pidfds = [os.pidfd_open(p.pid) for p, _ in held]  # kept on each leader, as the scheduler does
         timed("wait", n, lambda i: held[i][0].wait())
+        # An exit's proof by the kernel (processes.kernel_proof) against the table read it spares.
+        timed("group signal 0 (pidfd)", n, lambda i: proctree.signal_led_group(pidfds[i], 0))
+        timed("cgroup.events read", n, lambda i: cgroups.members(paths[i]))
+        timed("main thread's children", n, lambda i: proctree.orphan_parent_children())
+        for fd in pidfds:
+            os.close(fd)
         timed("process-table read", max(1, n // 10), lambda i: proctree.process_table())
         timed("cgroup rmdir", n, lambda i: cgroups.remove(paths[i]))
     cg.close()
