@@ -206,11 +206,12 @@ class Ownership:
 
         A worker being launched may be such a child until its launch records the pid — under
         load there is nearly always one. In cgroup mode it is born in its launching attempt's
-        cgroup (``CLONE_INTO_CGROUP``), and a child found in the cgroup of an attempt still
-        launching is not counted: it is that launch's worker, or a process that moved itself
-        there, which that attempt's own cgroup now holds and its end stops and proves (as
-        attributing orphans by their cgroup does). In subreaper mode nothing tells such a child
-        from an orphan (``kernel_may_prove``)."""
+        cgroup (``CLONE_INTO_CGROUP``) and is held there, alone, until its launch is recorded; a
+        child found alone in the cgroup of an attempt still launching is not counted. (Only a
+        worker of the scheduler's own user, which may write the delegated ``cgroup.procs``, could
+        move itself into such a cgroup, and only in the instant before that launch's clone; the
+        cgroup then holds it, and that attempt's end stops and proves it.) In subreaper mode
+        nothing tells such a child from an orphan (``kernel_may_prove``)."""
         try:
             children = proctree.orphan_parent_children()
         except OSError:
@@ -223,8 +224,9 @@ class Ownership:
             stat = proctree.read_stat(pid)
             if stat is not None and not stat.alive:
                 continue  # a zombie (an orphan's, a helper command's) is no process of anyone's
-            if stat is not None and launching and processes.cgroup_folders_of(pid) & launching:
-                continue
+            folders = processes.cgroup_folders_of(pid) if stat is not None and launching else set()
+            if any(path.name in folders and cgroups.members(path) == [pid] for path in launching):
+                continue  # that launch's held worker
             return True
         return False
 
@@ -233,12 +235,13 @@ class Ownership:
         while a launch's worker is not recorded yet (it would count as a stray)."""
         return self.cgroups is not None or not (self._forking or self._spawned)
 
-    def _launching_cgroups(self) -> set[str]:
-        """The cgroup folder names of the attempts between their spawn and its recording."""
+    def _launching_cgroups(self) -> list[Path]:
+        """The cgroups of the attempts between their spawn and its recording."""
         if self.cgroups is None:
-            return set()
+            return []
         with self._lock:
-            return set(self._forking) | set(self._spawned)
+            ids = set(self._forking) | set(self._spawned)
+        return [self.cgroups.path_for(attempt_id) for attempt_id in ids]
 
     def reap(self, table: dict[int, proctree.ProcStat]) -> None:
         known = {(d.pid, d.start_time) for a in self.owned.values() for d in a.descendants} | self._reapable

@@ -577,9 +577,9 @@ def test_strays_are_the_live_children_that_are_no_known_leader() -> None:
 @pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")
 @needs_kernel_answers
 def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
-    """Under load a launch's worker is nearly always a child not recorded yet. Born in its
-    launching attempt's cgroup, it is that launch's (or held by that cgroup): not counted against
-    another attempt's proof. The same child outside a launching attempt's cgroup is."""
+    """Under load a launch's worker is nearly always a child not recorded yet. Born and held alone
+    in its launching attempt's cgroup, it is not counted against another attempt's proof. The same
+    child in another cgroup, or not alone in its own, is."""
     groups = cgroups.Cgroups.detect("taskgate-strays", (2,))
     before = proctree.orphan_parent_children()
     own = Ownership(proctree.process_table, lambda: before, reap_unknown=False)
@@ -592,6 +592,14 @@ def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
         own._forking[launching] = proctree.boot_ticks() - 1
         assert not own.strays(), "the launching attempt's own worker"
         assert own.kernel_may_prove()
+        # A held worker is alone in its cgroup: a second process there is not taken for it.
+        second = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: (cgroup / "cgroup.procs").write_text("0"))  # noqa: PLW1509
+        try:
+            assert own.strays(), "two processes in a launching cgroup: either may be an orphan"
+        finally:
+            second.kill()
+            second.wait()
+        assert not own.strays()
         own._forking["o" * 32] = own._forking.pop(launching)
         assert own.strays(), "another launch's cgroup does not hold it"
     finally:
