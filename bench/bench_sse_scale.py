@@ -248,6 +248,15 @@ async def run(stack: Stack, key: str, subscribers: int, n_cancels: int) -> None:
             f"  p99 {pct(first, 0.99):.1f} ms; last minus first p50 {statistics.median(spread):.1f} ms"
             f"  p99 {pct(spread, 0.99):.1f} ms"
         )
+        by_state: dict[str, list[float]] = {}
+        for (_, state), v in by_change.items():
+            by_state.setdefault(state, []).append(min(v))
+        print(
+            "  first subscriber by state: "
+            + "; ".join(
+                f"{state} p50 {statistics.median(v):.1f} max {max(v):.1f} ms" for state, v in sorted(by_state.items())
+            )
+        )
     if received:
         # CPU time does not depend on how busy the shared machine is, unlike the latencies.
         print(

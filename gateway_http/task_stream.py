@@ -18,6 +18,13 @@ hands its connection over (``Subscription.take_over``, see ``sse_wire``): from t
 feed writes each event, encoded as an HTTP chunk once, straight to the client's
 transport, and the bound is the frames waiting in the transport's buffer (written while
 it was not empty). The fan-out yields to the loop every ``FANOUT_SLICE`` clients.
+
+Each client keeps its place in the feed's log of frames (``Client.next``). Events that
+arrive while a fan-out is under way join the log at the next slice: the clients still to
+be written get them in the same write, and those already written get them in one more
+pass. So a change that follows another within a fan-out's time (a task's ``running`` a
+few ms after its ``queued``) waits one slice, not the rest of the fan-out and then a whole
+new one; and it costs the clients after the slice no write of its own.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class Client:
     ended: bool = False
     backlog: int = 0  # frames written while the transport's buffer was not empty
     sent_at: float = 0.0  # loop time of the last write to the transport
+    next: int = 0  # the index in its feed's log of the first frame not yet sent to it
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,15 @@ class Feed:
     active: dict[str, Latest] = field(default_factory=dict)
     live: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    # The frames of the fan-out under way, each with its HTTP chunk: (frame, chunk). The
+    # first has index ``base``; a client has been sent those before its ``next``.
+    log: list[tuple[bytes, bytes]] = field(default_factory=list)
+    base: int = 0
+
+    @property
+    def end(self) -> int:
+        """The index the next frame will have: a client at ``end`` has been sent everything."""
+        return self.base + len(self.log)
 
 
 class TaskStreams:
@@ -99,8 +116,9 @@ class TaskStreams:
         call = self.stub.WatchTasks(pb.WatchTasksRequest(agent_id=key[0], session_id=key[1]))
         TASK_WATCHES.inc()
         ending: bytes | None = None
-        # Events read while a fan-out runs wait here and go out together: one write per client.
-        # Bounded, so a fan-out that cannot keep up holds the upstream call back (gRPC flow control).
+        # Events read wait here until the feed takes them into its log (between a fan-out's
+        # slices, or when it is idle). Bounded, so a fan-out that cannot keep up holds the
+        # upstream call back (gRPC flow control).
         inbox: asyncio.Queue[pb.WatchTasksResponse | None] = asyncio.Queue()
         room = asyncio.Event()
 
@@ -114,22 +132,34 @@ class TaskStreams:
             finally:
                 inbox.put_nowait(None)  # the end, after every event
 
+        ended = False
+
+        def take(event: pb.WatchTasksResponse | None) -> None:
+            nonlocal ended
+            if event is None:
+                ended = True
+            elif (data := self._apply(feed, event)) is not None:
+                feed.log.append((data, http_chunk(data)))
+
+        def absorb() -> None:
+            """The events read meanwhile, into the log (the fan-out calls it between slices),
+            up to ``INBOX_EVENTS`` in the log: beyond that the inbox, then gRPC, holds them."""
+            while not ended and not inbox.empty() and len(feed.log) < INBOX_EVENTS:
+                take(inbox.get_nowait())
+            if inbox.qsize() < INBOX_EVENTS:
+                room.set()
+
         receiving: asyncio.Task[None] | None = None
         try:
             # The scheduler sends the initial metadata once it has subscribed.
             await call.initial_metadata()
             feed.live.set()
             receiving = asyncio.create_task(receive())
-            ended = False
             while not ended:
-                batch = [await inbox.get()]
-                while not inbox.empty():
-                    batch.append(inbox.get_nowait())
-                room.set()
-                ended = batch[-1] is None
-                chunks = [c for e in batch if e is not None and (c := self._apply(feed, e)) is not None]
-                if chunks:
-                    await self._fan_out(feed, chunks)
+                take(await inbox.get())
+                absorb()
+                if feed.log:
+                    await self._fan_out(feed, absorb)
             await receiving  # the upstream call ended: its error, if any, is raised here
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
@@ -165,24 +195,38 @@ class TaskStreams:
                 return None  # nothing a slim event shows has changed (e.g. a telemetry observation)
         return frame(data, EVENT_NAMES.get(event.type, "task.event"), str(event.sequence))
 
-    async def _fan_out(self, feed: Feed, chunks: list[bytes]) -> None:
-        # Encoded once for every client that took its connection over: one HTTP chunk per frame.
-        wire = b"".join(http_chunk(c) for c in chunks)
-        clients = list(feed.clients)
+    async def _fan_out(self, feed: Feed, absorb: Callable[[], None]) -> None:
+        """Every client of the feed sent every frame of its log, in passes of slices. Between
+        slices, and after each pass, ``absorb`` adds the events that arrived meanwhile."""
         loop = asyncio.get_running_loop()
-        for start in range(0, len(clients), FANOUT_SLICE):
-            if start:
-                # Let the control path (a REST cancel, a create) run between slices: one
-                # slice of writes is all that is ahead of it, not every client.
-                await asyncio.sleep(0)
-            now = loop.time()
-            for client in clients[start : start + FANOUT_SLICE]:
-                if client.transport is not None:
-                    self._write(feed, client, wire, len(chunks), now)
-                else:
-                    for chunk in chunks:
-                        if not self._offer(feed, client, chunk):
-                            break
+        while behind := [c for c in feed.clients if c.next < feed.end]:
+            for start in range(0, len(behind), FANOUT_SLICE):
+                if start:
+                    # Let the control path (a REST cancel, a create) run between slices: one
+                    # slice of writes is all that is ahead of it, not every client.
+                    await asyncio.sleep(0)
+                    absorb()
+                now, end = loop.time(), feed.end
+                # Most clients of a slice stand at the same place: one joined write for them all.
+                wires: dict[int, bytes] = {}
+                for client in behind[start : start + FANOUT_SLICE]:
+                    if client.transport is not None:
+                        if client.next not in wires:
+                            wires[client.next] = b"".join(w for _, w in feed.log[client.next - feed.base :])
+                        self._write(feed, client, wires[client.next], end - client.next, now)
+                    else:
+                        for data, _ in feed.log[client.next - feed.base :]:
+                            if not self._offer(feed, client, data):
+                                break
+                    client.next = end
+            # What every client has been sent is spent (the log stays as long as one pass).
+            low = min((c.next for c in feed.clients), default=feed.end)
+            del feed.log[: low - feed.base]
+            feed.base = low
+            await asyncio.sleep(0)
+            absorb()
+        # Nobody is behind (no await since the check): the log is spent.
+        feed.base, feed.log = feed.end, []
 
     def _write(self, feed: Feed, client: Client, wire: bytes, frames: int, now: float) -> None:
         transport = client.transport
@@ -254,8 +298,9 @@ class TaskStreams:
             if not feed.clients and not task.done():
                 self._close(key, feed)
             return None
-        # One step (no await): the snapshots so far, then every later event.
-        client = Client(asyncio.Queue(maxsize=max(self.buffer_frames, len(feed.active) + 1)))
+        # One step (no await): the snapshots so far, then every later event. The snapshots
+        # include what the log of a fan-out under way holds: the client starts at its end.
+        client = Client(asyncio.Queue(maxsize=max(self.buffer_frames, len(feed.active) + 1)), next=feed.end)
         for latest in feed.active.values():
             client.queue.put_nowait(frame(latest.data, "task.snapshot", "0"))
         feed.clients.add(client)

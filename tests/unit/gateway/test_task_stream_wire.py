@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from gateway_http.sse import BoundedEventStream, frame
 from gateway_http.sse_wire import chunk, expose_connection
-from gateway_http.task_stream import TaskStreams
+from gateway_http.task_stream import FANOUT_SLICE, TaskStreams
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from tests.unit.gateway.test_task_stream import FakeScheduler, event, settle
 
@@ -285,3 +285,66 @@ async def test_a_real_client_that_stops_reading_is_ended_once_its_connection_bac
     assert b"event: error" in body and b"STREAM_TOO_SLOW" in body.rpartition(b"event: error")[2]
     stuck.close()
     reading.close()
+
+
+class HookedTransport(DrainedTransport):
+    """Drains at once; ``hook`` runs after the write that brings ``writes[0]`` to ``at``."""
+
+    def __init__(self, writes: list[int], at: int, hook: Any) -> None:
+        super().__init__()
+        self.writes, self.at, self.hook = writes, at, hook
+
+    def write(self, data: Any) -> None:
+        super().write(data)
+        self.writes[0] += 1
+        if self.writes[0] == self.at:
+            self.hook()
+
+
+async def test_an_event_that_arrives_during_a_fan_out_joins_it_at_the_next_slice() -> None:
+    # 120 clients: the first event goes out in slices of FANOUT_SLICE. The second arrives while
+    # the first slice is written: the clients of the later slices get both in one write, those
+    # of the first slice get the second in one more pass, and a client that joins meanwhile gets
+    # its snapshot and then the second event, once.
+    scheduler = FakeScheduler()
+    streams = TaskStreams(scheduler, buffer_frames=64)  # type: ignore[arg-type]
+    n = 120
+    subs = [await streams.open("a", "s") for _ in range(n)]
+    call = scheduler.calls[0]
+    writes = [0]
+    joined: list[Any] = []
+
+    def second_event() -> None:
+        call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, 2, progress=pb.Progress(text="1")))
+        joined.append(asyncio.ensure_future(streams.open("a", "s")))
+
+    transports = [HookedTransport(writes, 10, second_event) for _ in range(n)]
+    for sub, transport in zip(subs, transports, strict=True):
+        assert sub.take_over(transport) is not None
+    call.events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, 1, progress=pb.Progress(text="0")))
+    for _ in range(200):
+        if all(b"id: 2\n" in b"".join(t.written) for t in transports):
+            break
+        await asyncio.sleep(0)
+    for t in transports:
+        ids = [line for line in b"".join(t.written).split(b"\n") if line.startswith(b"id: ")]
+        assert ids == [b"id: 1", b"id: 2"], "each client gets both frames, in order, once"
+    together = [t for t in transports if len(t.written) == 1]
+    assert len(together) == n - FANOUT_SLICE, "the later slices get both events in one write"
+    assert all(len(t.written) == 2 for t in transports if t not in together)
+
+    joiner = await joined[0]
+    first_frame, second_frame = parse_frame(await anext(joiner)), parse_frame(await anext(joiner))
+    assert first_frame == ("task.snapshot", "0") and second_frame == ("task.state_changed", "1")
+    assert joiner.queue.empty(), "nothing twice"
+    (feed,) = streams.feeds.values()
+    assert feed.log == [] and all(c.next == feed.end for c in feed.clients), "the log is spent"
+    for sub in [*subs, joiner]:
+        await sub.aclose()
+    await streams.close()
+
+
+def parse_frame(raw: bytes) -> tuple[str, str]:
+    """(event name, the task's progress text) of one SSE frame."""
+    fields = dict(line.split(": ", 1) for line in raw.decode().strip().splitlines())
+    return fields["event"], json.loads(fields["data"])["task"]["progress"]["text"]
