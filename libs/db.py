@@ -26,6 +26,7 @@ import structlog
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlmodel import Session
 
+from libs import wal_checkpoint
 from libs.thread_names import name_os_thread
 
 T = TypeVar("T")
@@ -61,11 +62,19 @@ def libpq_url(url: str) -> str:
     return f"{scheme.split('+', 1)[0]}://{rest}"
 
 
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite URL; None for another database or one in memory."""
+    if not is_sqlite(url) or "///" not in url:
+        return None
+    path = url.split("///", 1)[1]
+    return path if path and path != ":memory:" else None
+
+
 def make_engine(url: str, pg_settings: Mapping[str, str] | None = None) -> Engine:
     """``pg_settings``: server settings every PostgreSQL session of this engine starts with."""
     if is_sqlite(url):
-        path = url.split("///", 1)[1] if "///" in url else ""
-        if path and path != ":memory:":
+        path = sqlite_file(url) or ""
+        if path:
             Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -75,10 +84,13 @@ def make_engine(url: str, pg_settings: Mapping[str, str] | None = None) -> Engin
             # begin, so DDL is transactional too.
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
-            if path and path != ":memory:":
+            if path:
                 os.chmod(path, 0o600)  # whatever the umask: a database is its service's alone
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
+            # A commit checkpoints only if the process's checkpoint thread (``wal_checkpoint``,
+            # started by ``Database``) falls far behind, or where there is none.
+            cur.execute(f"PRAGMA wal_autocheckpoint={wal_checkpoint.BACKSTOP_PAGES}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
@@ -271,6 +283,8 @@ class Database:
         self.threads = DatabaseThreads(workers)
         self._kept = threading.local()  # each database thread's connection (``run_connection``)
         self._all_kept: list[Connection] = []
+        file = sqlite_file(url)
+        self._wal = wal_checkpoint.watch(file) if file else None
 
     def migrate(self) -> list[int]:
         return migrate(self.engine, self.migrations)
@@ -320,6 +334,8 @@ class Database:
             raise
 
     def close(self) -> None:
+        if self._wal is not None:
+            self._wal.close()
         self.threads.close()
         for conn in self._all_kept:  # the threads are gone: nobody uses them any more
             conn.close()
