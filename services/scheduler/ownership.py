@@ -207,7 +207,8 @@ class Ownership:
         A worker being launched may be such a child until its launch records the pid — under
         load there is nearly always one. In cgroup mode it is born in its launching attempt's
         cgroup (``CLONE_INTO_CGROUP``) and is held there, alone, until its launch is recorded; a
-        child found alone in the cgroup of an attempt still launching is not counted. (Only a
+        child found alone in the cgroup of an attempt whose launch has not said its pid yet is
+        not counted. (Only a
         worker of the scheduler's own user, which may write the delegated ``cgroup.procs``, could
         move itself into such a cgroup, and only in the instant before that launch's clone; the
         cgroup then holds it, and that attempt's end stops and proves it.) In subreaper mode
@@ -219,14 +220,10 @@ class Ownership:
         unknown = children - self._leader_pids()
         if not unknown:
             return False
-        launching = self._launching_cgroups()
-        for pid in unknown:
+        for pid in unknown - self._held_workers():
             stat = proctree.read_stat(pid)
             if stat is not None and not stat.alive:
                 continue  # a zombie (an orphan's, a helper command's) is no process of anyone's
-            folders = processes.cgroup_folders_of(pid) if stat is not None and launching else set()
-            if any(path.name in folders and cgroups.members(path) == [pid] for path in launching):
-                continue  # that launch's held worker
             return True
         return False
 
@@ -235,13 +232,20 @@ class Ownership:
         while a launch's worker is not recorded yet (it would count as a stray)."""
         return self.cgroups is not None or not (self._forking or self._spawned)
 
-    def _launching_cgroups(self) -> list[Path]:
-        """The cgroups of the attempts between their spawn and its recording."""
+    def _held_workers(self) -> set[int]:
+        """The processes found alone in the cgroup of an attempt whose launch has forked and
+        not said the pid yet: that launch's worker. One read of each such cgroup (its
+        ``cgroup.procs`` lists its members: no read of each process's own cgroup file)."""
         if self.cgroups is None:
-            return []
+            return set()
         with self._lock:
-            ids = set(self._forking) | set(self._spawned)
-        return [self.cgroups.path_for(attempt_id) for attempt_id in ids]
+            forking = list(self._forking)
+        held: set[int] = set()
+        for attempt_id in forking:
+            members = cgroups.members(self.cgroups.path_for(attempt_id))
+            if len(members) == 1:
+                held.add(members[0])
+        return held
 
     def reap(self, table: dict[int, proctree.ProcStat]) -> None:
         known = {(d.pid, d.start_time) for a in self.owned.values() for d in a.descendants} | self._reapable

@@ -579,7 +579,8 @@ def test_strays_are_the_live_children_that_are_no_known_leader() -> None:
 def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
     """Under load a launch's worker is nearly always a child not recorded yet. Born and held alone
     in its launching attempt's cgroup, it is not counted against another attempt's proof. The same
-    child in another cgroup, or not alone in its own, is."""
+    child in another cgroup, or not alone in its own, or in the cgroup of a launch that has said
+    its pid already, is."""
     groups = cgroups.Cgroups.detect("taskgate-strays", (2,))
     before = proctree.orphan_parent_children()
     own = Ownership(proctree.process_table, lambda: before, reap_unknown=False)
@@ -602,6 +603,11 @@ def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
         assert not own.strays()
         own._forking["o" * 32] = own._forking.pop(launching)
         assert own.strays(), "another launch's cgroup does not hold it"
+        # A launch that has said its worker's pid: that pid is a leader; anything else alone in
+        # its cgroup is not taken for the worker.
+        del own._forking["o" * 32]
+        own._spawned[launching] = 1
+        assert own.strays(), "a launch whose pid is said holds no unknown child"
     finally:
         child.kill()
         child.wait()
