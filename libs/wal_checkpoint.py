@@ -2,22 +2,24 @@
 
 SQLite checkpoints a WAL database after the commit that takes its log past 1,000 pages
 (``wal_autocheckpoint``), on the committing connection: that commit then also copies the
-log into the database file and waits for two fsyncs. In the scheduler that was eight
-commits of ≈ 16 ms per 1,000 tasks, each holding up every transaction queued behind it
-(``bench/bench_checkpoint.py``). Here the writers' own threshold is raised to a backstop
+log into the database file and waits for two fsyncs. In the scheduler's store lifecycle
+that was 15 commits over 5 ms per 2,000 tasks, each holding up every transaction queued
+behind it (``bench/bench_checkpoint.py``). Here the writers' own threshold is raised to a backstop
 (``BACKSTOP_PAGES``) and one thread per process watches the log of each database and
 checkpoints it once ``THRESHOLD_PAGES`` wait — what SQLite would do, with the same
 ``PASSIVE`` checkpoint (writers and readers go on meanwhile), on its own connection.
 
 How many pages wait is read from the wal-index header at the start of the ``-shm`` file
 (mxFrame, and nBackfill after the two copies of the header: SQLite's "WAL-index format",
-native byte order), read-only and without a lock. A header whose two copies differ is being
-written: read again next time. A header in another format leaves the checkpoints to the
-writers' backstop (said once in the log).
+native byte order), read-only and without a lock, never through a symlink nor blocking on
+what is not a file (the data folder is the service's own: defence in depth). A header whose
+two copies differ is being written: read again next time. A header in another format leaves
+the checkpoints to the writers' backstop (said once in the log).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import struct
 import threading
@@ -50,10 +52,15 @@ def pending_pages(shm: Path) -> int | None:
     wal-index cannot tell now (no ``-shm`` file: no connection is open; a header being
     written). UnknownWalIndex for a header of another format."""
     try:
-        with open(shm, "rb", buffering=0) as f:
-            data = f.read(2 * _HEADER.size + _NBACKFILL.size)
+        fd = os.open(shm, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        data = os.pread(fd, 2 * _HEADER.size + _NBACKFILL.size, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if len(data) < 2 * _HEADER.size + _NBACKFILL.size or data[: _HEADER.size] != data[_HEADER.size : 2 * _HEADER.size]:
         return None
     version, _, _, is_init, _, _, max_frame, _ = _HEADER.unpack_from(data)
@@ -102,7 +109,9 @@ class Watch:
                 return
             try:
                 if self._conn is None:
-                    self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                    # mode=rw: a database gone meanwhile is an error here, never a new empty file.
+                    uri = f"{self.path.resolve().as_uri()}?mode=rw"
+                    self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
                 self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 self.checkpoints += 1
             except sqlite3.Error as exc:
