@@ -159,14 +159,27 @@ def orphan_parent_children() -> set[int]:
     kernel's exit.c) —, so every orphan this process has is listed here, with the children the
     main thread forked itself (those of other threads are not: none of them is an orphan).
     OSError where the kernel keeps no such list (CONFIG_PROC_CHILDREN)."""
-    fd = os.open(f"/proc/self/task/{os.getpid()}/children", _STAT_FLAGS)
+    return {int(pid) for pid in read_all(f"/proc/self/task/{os.getpid()}/children").split()}
+
+
+def read_all(path: str) -> bytes:
+    """A kernel file's content (``/proc``, cgroup control files) through the bare descriptor:
+    a third of ``Path.read_text``'s CPU (no file object, no decoding). OSError as ``open``'s.
+    These files fill each read as far as they can, so a short read is the end: one read, not
+    a second one to find it."""
+    fd = os.open(path, _STAT_FLAGS)
     try:
         data = b""
-        while chunk := os.read(fd, 65536):
+        while True:
+            chunk = os.read(fd, _READ_SIZE)
             data += chunk
+            if len(chunk) < _READ_SIZE:
+                return data
     finally:
         os.close(fd)
-    return {int(pid) for pid in data.split()}
+
+
+_READ_SIZE = 65536
 
 
 def kernel_answers_exits() -> bool:

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs import proctree
+
 MOUNTINFO = Path("/proc/self/mountinfo")
 
 
@@ -160,38 +162,18 @@ def members(path: Path) -> list[int]:
     pids: list[int] = []
     for cg in _walk(path):
         try:
-            pids.extend(int(p) for p in _read_all(f"{cg}/cgroup.procs").split())
+            pids.extend(int(p) for p in proctree.read_all(f"{cg}/cgroup.procs").split())
         except (OSError, ValueError):
             pass
     return pids
 
 
-def _read_all(path: str) -> bytes:
-    """A control file's content through the bare descriptor: a third of ``read_text``'s CPU
-    (no file object, no decoding), and a cgroup's members are read at every exit under load."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = b""
-        while chunk := os.read(fd, 65536):
-            data += chunk
-        return data
-    finally:
-        os.close(fd)
-
-
 def _events_say_empty(path: Path) -> bool:
     """v2: ``populated 0`` covers the cgroup and all below it, in one read."""
     try:
-        fd = os.open(f"{path}/cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+        return b"populated 0\n" in proctree.read_all(f"{path}/cgroup.events")
     except OSError:
         return False
-    try:
-        events = os.read(fd, 4096)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return b"populated 0\n" in events
 
 
 def populated(path: Path) -> bool:

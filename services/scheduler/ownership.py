@@ -208,11 +208,10 @@ class Ownership:
         load there is nearly always one. In cgroup mode it is born in its launching attempt's
         cgroup (``CLONE_INTO_CGROUP``) and is held there, alone, until its launch is recorded; a
         child found alone in the cgroup of an attempt whose launch has not said its pid yet is
-        not counted. (Only a
-        worker of the scheduler's own user, which may write the delegated ``cgroup.procs``, could
-        move itself into such a cgroup, and only in the instant before that launch's clone; the
-        cgroup then holds it, and that attempt's end stops and proves it.) In subreaper mode
-        nothing tells such a child from an orphan (``kernel_may_prove``)."""
+        not counted. (Only a worker of the scheduler's own user, which may write the delegated
+        ``cgroup.procs``, could move itself into such a cgroup, and only in the instant before
+        that launch's clone; the cgroup then holds it, and that attempt's end stops and proves
+        it.) In subreaper mode nothing tells such a child from an orphan (``kernel_may_prove``)."""
         try:
             children = proctree.orphan_parent_children()
         except OSError:

@@ -624,3 +624,14 @@ def test_in_subreaper_mode_the_kernel_is_not_asked_while_a_launch_is_unrecorded(
     assert not own.kernel_may_prove()
     own.forked(Attempt(attempt_id="f" * 32, task_id="t" * 32, number=1, boot_id="b", token_hash="h"))
     assert own.kernel_may_prove()
+
+
+def test_read_all_reads_past_one_buffer_and_stops_at_a_short_read(tmp_path: Path) -> None:
+    big = bytes(range(256)) * 1000  # 256,000 bytes: four reads of 64 KiB and a short one
+    (tmp_path / "big").write_bytes(big)
+    assert proctree.read_all(str(tmp_path / "big")) == big
+    (tmp_path / "empty").write_bytes(b"")
+    assert proctree.read_all(str(tmp_path / "empty")) == b""
+    assert proctree.read_all("/proc/self/stat").startswith(f"{os.getpid()} ".encode())
+    with pytest.raises(FileNotFoundError):
+        proctree.read_all(str(tmp_path / "missing"))
