@@ -1054,14 +1054,14 @@ def resume(task: Task, now: int) -> Task | None:
 # --- worker reports and questions ------------------------------------------
 
 
-def accepts_reports(task: Task, attempt_state: str | None) -> bool:
-    """Reports are taken while the task runs, and from a worker whose launch is still committing."""
-    launching = task.state == State.QUEUED and attempt_state == "launching"
-    return launching or task.state in (State.RUNNING, State.WAITING_INPUT)
+def accepts_reports(task: Task) -> bool:
+    """Reports are taken while the task runs (a worker is released only once its `running` has
+    committed, so none can report before)."""
+    return task.state in (State.RUNNING, State.WAITING_INPUT)
 
 
-def check_reporting(task: Task, attempt_state: str | None) -> None:
-    if not accepts_reports(task, attempt_state):
+def check_reporting(task: Task) -> None:
+    if not accepts_reports(task):
         raise InvalidTransition("TASK_NOT_RUNNING", f"the task is {task.state}; report ignored")
 
 

@@ -253,15 +253,6 @@ class Launcher:
                 # Kept until the attempt is proven gone: its group stays reachable, and provably
                 # its own, after the leader exits (``processes.tree_status``).
                 rt.ownership.keep_group(attempt, launched.process.duplicate_pidfd())
-                # The identity is committed while the worker is still held before exec.
-                await rt.store.save_attempt(attempt)
-                marks.append(time.perf_counter())
-                launched.release()
-                if rt.tasks_cfg.fault_hold_launch_ms:
-                    log.warning("fault_hold_launch", task_id=task_id, pid=launched.pid)
-                    await asyncio.sleep(rt.tasks_cfg.fault_hold_launch_ms / 1000)
-                if live.stopping:  # the scheduler shut down during the launch: its stop settles the task
-                    return False
                 started_at = attempt.started_at = rt.clock.now_ms()
                 attempt.state = "running"
 
@@ -270,16 +261,29 @@ class Launcher:
                         return None  # another host's cancel arrived during the launch
                     if domain.host_lost_here(t, rt.host_id):
                         # This host's lease lapsed during the launch and another replica swept the
-                        # task. The worker is ours and released: it runs on, and this host's next
+                        # task. The worker is ours: it is released and runs on, and this host's next
                         # reconciliation takes the task back (or settles it by the worker's exit).
                         return None
                     return domain.start_running(t, started_at, now, attempt.harness, attempt.harness_model)
 
+                # The identity (pid, start time) and `running` in one commit, while the worker is
+                # still held before exec: it runs only once both are durable, and a launch costs
+                # one transaction fewer than an identity commit followed by a running commit.
                 task, stored = await rt.store.update_task(
                     task_id, to_running, "task.state_changed", now, attempt=attempt
                 )
-                if stored is None:
+                if stored is None:  # not running here after all; the identity is recorded even so
                     await rt.store.save_attempt(attempt)
+                marks.append(time.perf_counter())
+                if live.stopping:
+                    # The scheduler shut down during the commit: its stop settles the task, and the
+                    # held worker, never released, exits without running.
+                    launched.abandon()
+                    return False
+                launched.release()
+                if rt.tasks_cfg.fault_hold_launch_ms:
+                    log.warning("fault_hold_launch", task_id=task_id, pid=launched.pid)
+                    await asyncio.sleep(rt.tasks_cfg.fault_hold_launch_ms / 1000)
             except Exception as exc:
                 launched.abandon()
                 await self.launch_failed_after_spawn(live, exc)

@@ -63,12 +63,12 @@ LAUNCH_STEP = Histogram(
     "taskgate_task_launch_step_seconds",
     "Wall time of each step of a launch: claim_commit (the task, its earlier attempts and the "
     "launching attempt, one transaction), spawn (log file, cgroup, held fork/exec, start time; "
-    "with its wait for a thread), identity_commit (pid and start time, worker still held), "
-    "running_commit (released, the task running)",
+    "with its wait for a thread), running_commit (the pid, start time and `running` in one "
+    "transaction, the worker still held), release (the worker let go, the event published)",
     ["step"],
     buckets=LATENCY_BUCKETS,
 )
-LAUNCH_STEPS = ("claim_commit", "spawn", "identity_commit", "running_commit")
+LAUNCH_STEPS = ("claim_commit", "spawn", "running_commit", "release")
 QUEUE_WAIT = Histogram(
     "taskgate_task_queue_wait_seconds",
     "From a task becoming queued to the dispatcher starting its launch (waiting for a slot)",

@@ -43,7 +43,7 @@ class WorkerReports:
             live.attempt.first_contact_at = now
 
         def change(t: Task) -> Task | None:
-            domain.check_reporting(t, live.attempt.state)
+            domain.check_reporting(t)
             apply(t, now)
             return t
 
@@ -78,7 +78,7 @@ class WorkerReports:
         domain.validate_usage(usage)
         live = self.authenticate(token)
         task = await self.rt.store.get_task(live.attempt.task_id)
-        domain.check_reporting(task, live.attempt.state)
+        domain.check_reporting(task)
         live.attempt.usage = domain.merge_usage(live.attempt.usage, usage, delta)
         await self.rt.store.save_attempt(live.attempt)
 

@@ -1235,7 +1235,7 @@ _UPSERT_ATTEMPT = Direct(_UPSERT_ATTEMPT_SQL)
 
 
 def _write_attempt(s: Tx, attempt: Attempt) -> None:
-    """One statement, insert or update: a worker's first report may race the launch's commit."""
+    """One statement, insert or update: the launch inserts the row, every later save updates it."""
     _UPSERT_ATTEMPT.execute(
         s,
         {

@@ -50,7 +50,7 @@ class SubTasks:
         # One spawn of a parent at a time: the fan-out count and the insert agree.
         async with self.rt.locks[f"spawn:{parent_id}"]:
             parent = await self.rt.store.get_task(parent_id)
-            domain.check_reporting(parent, live.attempt.state)
+            domain.check_reporting(parent)
             domain.check_spawn(parent, await self.rt.store.count_children(parent_id), self.rt.tasks_cfg)
             child = await self.catalog.create_task(
                 NewTask(

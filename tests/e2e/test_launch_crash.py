@@ -1,10 +1,15 @@
-"""A scheduler SIGKILLed between spawn and commit leaves no untracked worker after restart.
+"""A scheduler SIGKILLed in the middle of a launch leaves no untracked worker after restart.
 
 The scheduler runs as its own process with the fault-injection setting
-``fault_hold_launch_ms``, which holds each launch after the worker was released
-and before `running` is committed. The test kills it there, restarts it, and
-checks that start-up recovery stopped what remained of the launch (its cgroup,
-or its recorded identity and group) before dispatching the task again.
+``fault_hold_launch_ms``, which holds each launch after the worker was released (its
+identity and `running` committed together while it was still held) and before the
+launch has finished: the exit is not being waited for yet. The test kills it there,
+once the worker has started a child that left its group, restarts it, and checks that
+start-up recovery stopped what remained of the attempt (its cgroup, or its recorded
+identity, group and descendants) before dispatching the task again.
+
+Before the running commit the worker is still held: a kill there leaves a trampoline
+that exits unreleased, and an attempt row still `launching` (``test_launch.py``).
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ def _gone_for_good(pid: int) -> bool:
         ("subreaper", True),
     ],
 )
-def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
+def test_a_scheduler_killed_mid_launch_leaves_no_untracked_worker(
     tmp_path: Path, mode: str, leader_dies_meanwhile: bool
 ) -> None:
     config = tmp_path / "taskgate.toml"
@@ -133,14 +138,14 @@ def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
             while len(survivors := the_workers(leader, leader_start)) < 2:
                 assert time.monotonic() < deadline, "the released worker did not start its child"
                 time.sleep(0.02)
-            assert stub.GetTask(pb.GetTaskRequest(task_id=task.task_id), timeout=10).task.state == pb.TASK_STATE_QUEUED
+            assert stub.GetTask(pb.GetTaskRequest(task_id=task.task_id), timeout=10).task.state == pb.TASK_STATE_RUNNING
             if leader_dies_meanwhile:
                 child = next(p for p in survivors if p.pid != leader)
                 deadline = time.monotonic() + 10
                 while (child.pid, child.start_time) not in recorded_descendants(stub, task.task_id):
                     assert time.monotonic() < deadline, "the supervisor did not record the worker's child"
                     time.sleep(0.05)
-        first.kill()  # SIGKILL between the spawn and the `running` commit
+        first.kill()  # SIGKILL before the launch has finished
         assert all(proctree.identity_matches(p.pid, p.start_time) for p in survivors), "the worker outlived it"
         if leader_dies_meanwhile:
             os.kill(leader, signal.SIGKILL)
@@ -158,8 +163,8 @@ def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
         while any(proctree.identity_matches(p.pid, p.start_time) for p in survivors):
             assert time.monotonic() < deadline, f"untracked worker left running:\n{second.logs()[-3000:]}"
             time.sleep(0.05)
-        recovered = log_events(second, "recovered_launch")
-        assert recovered and recovered[0]["confirmed"] is True and recovered[0]["pid"] == leader
+        recovered = log_events(second, "recovered_task")
+        assert recovered and recovered[0]["confirmed"] is True and recovered[0]["task_id"] == task.task_id
         with service_channel(addr, env) as channel:
             stub = pb_grpc.SchedulerServiceStub(channel)
             deadline = time.monotonic() + 20
@@ -169,7 +174,8 @@ def test_a_scheduler_killed_between_spawn_and_commit_leaves_no_untracked_worker(
                     break
                 assert time.monotonic() < deadline, current
                 time.sleep(0.05)
-            assert current.attempts[0].outcome == "launch_interrupted"
+            assert current.attempts[0].outcome == "interrupted" and current.attempts[0].pid == leader
+            assert current.restart_resume.count == 1, "resumed as after any interruption"
             stub.CancelTask(pb.CancelTaskRequest(task_id=task.task_id), timeout=30)
     finally:
         first.kill()

@@ -61,13 +61,13 @@ def test_launch_step_means_are_per_launch_between_two_reads() -> None:
             "# TYPE taskgate_task_launch_step_seconds histogram\n"
             f'taskgate_task_launch_step_seconds_count{{step="spawn"}} {spawn_count}\n'
             f'taskgate_task_launch_step_seconds_sum{{step="spawn"}} {spawn_sum}\n'
-            'taskgate_task_launch_step_seconds_count{step="identity_commit"} 3\n'
-            'taskgate_task_launch_step_seconds_sum{step="identity_commit"} 0.03\n'
+            'taskgate_task_launch_step_seconds_count{step="running_commit"} 3\n'
+            'taskgate_task_launch_step_seconds_sum{step="running_commit"} 0.03\n'
         )
         return launch_steps(text_string_to_metric_families(text))
 
     before, after = page(3, 0.06), page(7, 0.26)
     assert after["spawn"] == (7, 0.26)
     means = launch_step_means_ms(before, after)
-    # 4 spawns took 0.2 s between the reads: 50 ms each; no identity commit finished meanwhile.
+    # 4 spawns took 0.2 s between the reads: 50 ms each; no running commit finished meanwhile.
     assert means == {"spawn": pytest.approx(50.0)}

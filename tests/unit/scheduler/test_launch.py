@@ -1,5 +1,5 @@
-"""The launch protocol: the attempt row is committed before the fork, a fast worker's
-first report is accepted before `running` commits, and a failure after the spawn
+"""The launch protocol: the attempt row is committed before the fork, the identity and
+`running` in one commit before the worker is released, and a failure after the spawn
 stops the tree. Real workers, a real gRPC worker listener, SQLite and PostgreSQL.
 """
 
@@ -17,18 +17,19 @@ import pytest
 from libs import proctree
 from libs.db import Database
 from libs.settings import WorkerProfile
-from services.scheduler import processes
+from services.scheduler import cgroups, processes
 from services.scheduler.domain import State
 from services.scheduler.store import MIGRATIONS, SchedulerStore
 from tests.support.postgres import fresh_database
 from tests.unit.scheduler.test_engine import start_harness
+from tests.unit.scheduler.test_proof import cgroups_available
 
 
 async def test_30_concurrent_launches_and_first_reports_on_postgres(tmp_path: Path, postgres_url: str) -> None:
     db = Database(fresh_database(postgres_url, "launch"), MIGRATIONS)
     h = await start_harness(tmp_path, db=db, max_running=30)
     try:
-        # The worker's first calls (assignment, progress) race the launch's own commits.
+        # The workers' first calls (assignment, progress) race the other launches' commits.
         tasks = [await h.create("behave", [{"progress": f"hello {i}"}], title=f"t{i}") for i in range(30)]
         assert await h.engine.dispatch_once() == 30
         for task in tasks:
@@ -42,52 +43,69 @@ async def test_30_concurrent_launches_and_first_reports_on_postgres(tmp_path: Pa
         await h.close()
 
 
-async def test_the_attempt_row_is_committed_launching_before_the_fork(tmp_path: Path) -> None:
+async def test_the_attempt_is_committed_launching_before_the_fork_and_running_before_the_release(
+    tmp_path: Path,
+) -> None:
     h = await start_harness(tmp_path)
+    store: SchedulerStore = h.engine.store
     seen: list[Any] = []
-    real_launch = h.engine.store.save_attempt
-
-    async def spy(attempt: Any) -> None:
-        await real_launch(attempt)
-        seen.append((attempt.state, attempt.pid, bool(attempt.token_hash)))
-
-    real_launching = h.engine.store.begin_launch
+    real_launching = store.begin_launch
+    real_update = store.update_task
 
     async def spy_launching(task_id: str, plan: Any) -> Any:
         begun = await real_launching(task_id, plan)
         attempt = begun[2]
-        seen.append((attempt.state, attempt.pid, bool(attempt.token_hash)))
+        seen.append(("begin", attempt.state, attempt.pid, bool(attempt.token_hash)))
         return begun
 
-    h.engine.store.save_attempt = spy  # type: ignore[method-assign]
+    async def spy_update(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+        out = await real_update(task_id, change, event_type, at, attempt=attempt)
+        if attempt is not None and attempt.pid is not None:
+            # Committed now; the launch has not gone on to the release yet.
+            task, attempts = await h.engine.get_task(task_id)
+            cmdline = Path(f"/proc/{attempt.pid}/cmdline").read_bytes()
+            last = attempts[-1]
+            seen.append(("commit", task.state, last.state, last.pid, last.pid_start_time, cmdline))
+        return out
+
     # The first save checks the task is still queued and this host's (see store.begin_launch).
-    h.engine.store.begin_launch = spy_launching  # type: ignore[method-assign]
+    store.begin_launch = spy_launching  # type: ignore[method-assign]
+    store.update_task = spy_update  # type: ignore[method-assign]
     try:
         task = await h.create("sleeper")
-        await h.engine.dispatch_once()
+        assert await h.engine.dispatch_once() == 1
         await h.wait(task.task_id, [State.RUNNING])
-        # First: launching without a pid (before the fork); then the held worker's identity.
-        assert seen[0] == ("launching", None, True)
-        assert seen[1][0] == "launching" and seen[1][1] is not None
-        _, attempts = await h.engine.get_task(task.task_id)
-        assert attempts[0].state == "running"
+        # First: launching without a pid (before the fork).
+        assert seen[0] == ("begin", "launching", None, True)
+        # Then the identity and `running` in one commit, while the worker is still held: its
+        # command line is still the hold's, `sleep 300` not exec'd yet.
+        _, state, attempt_state, pid, start_time, cmdline = seen[1]
+        assert state == State.RUNNING and attempt_state == "running"
+        assert pid is not None and start_time == proctree.start_time_of(pid)
+        assert cmdline.endswith(b"sleep\x00300\x00") and cmdline != b"sleep\x00300\x00", cmdline
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}/cmdline").read_bytes() != b"sleep\x00300\x00":
+            assert time.monotonic() < deadline, "the worker was never released"
+            await asyncio.sleep(0.01)
     finally:
+        store.begin_launch = real_launching  # type: ignore[method-assign]
+        store.update_task = real_update  # type: ignore[method-assign]
         await h.close()
 
 
-async def test_a_first_report_before_running_commits_is_accepted(tmp_path: Path) -> None:
-    h = await start_harness(tmp_path, fault_hold_launch_ms=6000)  # generous: the worker must start and report within it
+async def test_a_fast_workers_first_report_finds_its_task_running(tmp_path: Path) -> None:
+    # The launch pauses after the release (generous: the worker must start and report within it),
+    # so the report comes before the launch has finished: `running` committed before the release.
+    h = await start_harness(tmp_path, fault_hold_launch_ms=6000)
     try:
         task = await h.create("behave", [{"progress": "early bird"}, {"sleep": 300}])
         dispatch = asyncio.create_task(h.engine.dispatch_once())
         deadline = time.monotonic() + 15
         while (current := await h.engine.store.get_task(task.task_id)).progress is None:
-            assert time.monotonic() < deadline, "the held launch never released the worker"
+            assert time.monotonic() < deadline, "the worker never reported"
             await asyncio.sleep(0.02)
-        assert current.state == State.QUEUED and current.progress and current.progress.text == "early bird"
+        assert current.state == State.RUNNING and current.progress and current.progress.text == "early bird"
         assert await dispatch == 1
-        running = await h.wait(task.task_id, [State.RUNNING])
-        assert running.progress and running.progress.text == "early bird", "running keeps the early report"
     finally:
         await h.close()
 
@@ -172,32 +190,47 @@ async def test_a_profile_whose_user_cannot_be_used_fails_its_tasks_clearly(tmp_p
         await h.close()
 
 
+@pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2")
 async def test_a_cancel_reaching_an_unfinished_launch_of_an_earlier_boot_stops_it_first(tmp_path: Path) -> None:
+    """An earlier incarnation died between the spawn and the running commit: its attempt is
+    `launching`, with no pid yet, and its held worker is in the attempt's cgroup."""
     from services.scheduler.engine import Engine
 
-    first = await start_harness(tmp_path, fault_hold_launch_ms=600_000)
+    first = await start_harness(tmp_path, proof_mode="cgroup")
+    store: SchedulerStore = first.engine.store
+    real_update = store.update_task
+    at_commit = asyncio.Event()
+
+    async def dies_before_running(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+        if attempt is not None and attempt.pid is not None:
+            at_commit.set()
+            await asyncio.Event().wait()  # the first incarnation goes no further
+        return await real_update(task_id, change, event_type, at, attempt=attempt)
+
+    store.update_task = dies_before_running  # type: ignore[method-assign]
     task = await first.create("sleeper")
     dispatch = asyncio.create_task(first.engine.dispatch_once())
-    deadline = time.monotonic() + 15
-    while not (attempts := await first.engine.store.attempts_of(task.task_id)) or attempts[0].pid is None:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
-    pid, start = attempts[0].pid, attempts[0].pid_start_time or -1
-    # A crash while the launch is held: nothing of the first incarnation runs any more.
+    await asyncio.wait_for(at_commit.wait(), 15)
+    (attempt,) = await store.attempts_of(task.task_id)
+    assert attempt.state == "launching" and attempt.pid is None and attempt.cgroup
+    (held,) = cgroups.members(Path(attempt.cgroup))
+    start = proctree.start_time_of(held)
+    assert start is not None
     dispatch.cancel()
     await asyncio.gather(dispatch, return_exceptions=True)
     await first.worker_server.stop(0)
     await first.host.server.stop(0)
     first.sockets.close()
-    assert proctree.identity_matches(pid, start) and attempts[0].state == "launching"
+    store.update_task = real_update  # type: ignore[method-assign]
     second = Engine(first.engine.settings, SchedulerStore(first.db))  # before its recovery ran
     try:
+        assert proctree.identity_matches(held, start), "the held worker lives on (its hold pipe is still open)"
         done = await second.cancel(task.task_id, wait_s=10)
         assert done.state == State.CANCELLED, "the queued task's launch is stopped before it is cancelled"
-        assert not proctree.identity_matches(pid, start)
+        assert not proctree.identity_matches(held, start)
     finally:
-        if proctree.identity_matches(pid, start):
-            os.kill(pid, 9)
+        if proctree.identity_matches(held, start):
+            os.kill(held, 9)
         await first.engine.ownership.close()
         first.db.close()
 

@@ -201,13 +201,13 @@ def test_only_a_user_cancel_or_a_real_ending_closes_the_question() -> None:
     assert not domain.closes_questions(make_task(State.FAILED), make_task(State.FAILED)), "only the ending change"
 
 
-def test_reports_are_taken_while_running_or_while_the_launch_commits() -> None:
-    assert domain.accepts_reports(make_task(State.RUNNING), "running")
-    assert domain.accepts_reports(make_task(State.WAITING_INPUT), "running")
-    assert domain.accepts_reports(make_task(State.QUEUED), "launching")
-    assert not domain.accepts_reports(make_task(State.QUEUED), "ended")
+def test_reports_are_taken_only_while_the_task_runs() -> None:
+    assert domain.accepts_reports(make_task(State.RUNNING))
+    assert domain.accepts_reports(make_task(State.WAITING_INPUT))
+    assert not domain.accepts_reports(make_task(State.QUEUED)), "a launch still committing holds its worker"
+    assert not domain.accepts_reports(make_task(State.CANCEL_REQUESTED))
     with pytest.raises(domain.InvalidTransition):
-        domain.check_reporting(make_task(State.COMPLETED), "running")
+        domain.check_reporting(make_task(State.COMPLETED))
 
 
 def test_report_rules(clock: FakeClock) -> None:
