@@ -71,8 +71,8 @@ class TaskSettings(_Frozen):
     max_subtask_depth: int = Field(3, ge=0, le=32)
     max_subtasks_per_task: int = Field(8, ge=0, le=1000)
     # FAULT INJECTION, tests only (0 = off): hold each launch this long after the
-    # worker was spawned and before its attempt is committed `running`, so a test
-    # can kill the scheduler exactly there.
+    # worker was released (its identity and `running` committed) and before its exit
+    # is waited for, so a test can kill the scheduler exactly there.
     fault_hold_launch_ms: int = Field(0, ge=0)
     # Several scheduler hosts on one PostgreSQL: a host's claim on its tasks lasts
     # lease_ms past its last renewal (renewed every lease_ms / 3); another replica

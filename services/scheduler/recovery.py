@@ -30,9 +30,10 @@ class Recovery:
     async def recover_launches(self) -> None:
         """Stop what remains of launches an earlier incarnation had not committed.
 
-        Its task is still queued. The attempt's cgroup (cgroup mode) and its recorded
-        pid (committed while the worker was held) say what may remain; once that is
-        proven gone the task is dispatched again, else it needs reconciliation.
+        Its task is still queued. The attempt's cgroup (cgroup mode) says what may remain:
+        its pid commits only with `running` (a row of an older version may have one, and
+        then it is stopped by it too); the held trampoline exits when its pipe closes. Once
+        that is proven gone the task is dispatched again, else it needs reconciliation.
         """
         rt = self.rt
         for attempt in await rt.store.launching_attempts():

@@ -42,7 +42,7 @@ command = ["sh", "-c", {command}]
 """
 
 # cgroup mode: even a daemon that left session and group is found by its cgroup.
-# subreaper-only mode: the held identity and the group are what recovery can prove.
+# subreaper-only mode: the recorded identity, group and descendants are what recovery can prove.
 COMMANDS = {
     "cgroup": "setsid sh -c 'sleep 33 &'; sleep 300",
     "cgroup_v1": "setsid sh -c 'sleep 33 &'; sleep 300",
