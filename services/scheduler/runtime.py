@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ from services.scheduler.ownership import Ownership
 from services.scheduler.scans import SharedScan
 from services.scheduler.spawner import SpawnHelper
 from services.scheduler.store import SchedulerStore, StoredEvent
+from services.scheduler.task_locks import TaskLocks
 
 log = structlog.get_logger("scheduler")
 
@@ -128,7 +128,7 @@ class Runtime:
         self.scans = SharedScan(table_reader, min_interval_s=SCAN_MIN_INTERVAL_S)
         self.live: dict[str, LiveAttempt] = {}  # task_id -> attempt being run now
         self.by_token: dict[str, LiveAttempt] = {}
-        self.locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.locks = TaskLocks()  # per task, kept while held
         self.wake = asyncio.Event()  # the dispatcher looks for queued work when set
         # Several hosts (PostgreSQL): this replica's id, and the wake-ups other replicas send.
         self.host_id = store.host_id

@@ -39,6 +39,7 @@ async def test_30_concurrent_launches_and_first_reports_on_postgres(tmp_path: Pa
             _, attempts = await h.engine.get_task(task.task_id)
             assert len(attempts) == 1 and attempts[0].state == "ended" and attempts[0].first_contact_at is not None
         assert not h.engine.runtime.live, "no running slot leaked"
+        assert len(h.engine.runtime.locks) == 0, "no per-task lock is kept after the task's end"
     finally:
         await h.close()
 
