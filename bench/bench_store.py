@@ -4,9 +4,9 @@ Run: .venv/bin/python bench/bench_store.py [N] [--profile FILE] [--savepoints]
 N tasks (default 1000) go through the store calls a `/bin/true` task makes, in a
 temporary SQLite database, shaped as in the throughput benchmark: creates 16 in flight,
 and one dispatch loop claiming up to the free room of 64 (``Dispatcher``) and taking each
-claimed task through begin_launch (`launching` attempt), save_attempt (identity),
-update_task -> running (with the attempt), update_task -> completed (with the ended
-attempt); each change published through ``Runtime.published``-equivalent calls (hub +
+claimed task through begin_launch (`launching` attempt), update_task -> running (with the
+attempt's identity, one commit as the launch makes it), update_task -> completed (with the
+ended attempt); each change published through ``Runtime.published``-equivalent calls (hub +
 metrics); a log follower reads the event log as the notifier's does. No processes, no
 gRPC: what is left is the database thread, the group commit, (de)serialisation,
 publishing and one log line per start and per end.
@@ -132,7 +132,6 @@ class Dispatcher:
         task, _, attempt = begun
         assert attempt is not None
         attempt.pid, attempt.pgid, attempt.pid_start_time = 1000, 1000, 5000
-        await store.save_attempt(attempt)
         attempt.started_at = started = int(time.time() * 1000)
         attempt.state = "running"
         task, stored = await store.update_task(

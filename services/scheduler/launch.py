@@ -280,7 +280,10 @@ class Launcher:
                     # held worker, never released, exits without running.
                     launched.abandon()
                     return False
-                launched.release()
+                if task.state == State.CANCEL_REQUESTED:
+                    launched.abandon()  # cancelled during the launch: the worker never runs (stopped below)
+                else:
+                    launched.release()
                 if rt.tasks_cfg.fault_hold_launch_ms:
                     log.warning("fault_hold_launch", task_id=task_id, pid=launched.pid)
                     await asyncio.sleep(rt.tasks_cfg.fault_hold_launch_ms / 1000)

@@ -17,8 +17,8 @@ import pytest
 from libs import proctree
 from libs.db import Database
 from libs.settings import WorkerProfile
-from services.scheduler import cgroups, processes
-from services.scheduler.domain import State
+from services.scheduler import cgroups, domain, processes
+from services.scheduler.domain import Cancellation, State
 from services.scheduler.store import MIGRATIONS, SchedulerStore
 from tests.support.postgres import fresh_database
 from tests.unit.scheduler.test_engine import start_harness
@@ -90,6 +90,36 @@ async def test_the_attempt_is_committed_launching_before_the_fork_and_running_be
             await asyncio.sleep(0.01)
     finally:
         store.begin_launch = real_launching  # type: ignore[method-assign]
+        store.update_task = real_update  # type: ignore[method-assign]
+        await h.close()
+
+
+async def test_a_cancel_committed_during_the_launch_keeps_the_held_worker_from_running(tmp_path: Path) -> None:
+    """Another host's cancel of a task whose launch has begun is ``cancel_requested``; found at
+    the running commit, the held worker is never released: it exits without exec'ing, and the
+    task is cancelled with its identity recorded."""
+    marker = tmp_path / "ran"
+    h = await start_harness(tmp_path, workers={"marker": WorkerProfile(command=["touch", str(marker)])})
+    store: SchedulerStore = h.engine.store
+    real_update = store.update_task
+
+    async def cancelled_meanwhile(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+        if attempt is not None and attempt.pid is not None and attempt.state == "running":
+            cancellation = Cancellation(requested_at=at, cause=domain.USER_CANCELED)
+            await real_update(task_id, lambda t: domain.request_cancel(t, cancellation, at), "task.state_changed", at)
+        return await real_update(task_id, change, event_type, at, attempt=attempt)
+
+    store.update_task = cancelled_meanwhile  # type: ignore[method-assign]
+    try:
+        task = await h.create("marker")
+        await h.engine.dispatch_once()
+        done = await h.wait(task.task_id, [State.CANCELLED, State.FAILED, State.COMPLETED])
+        assert done.state == State.CANCELLED
+        _, attempts = await h.engine.get_task(task.task_id)
+        assert attempts[-1].pid is not None and attempts[-1].pid_start_time is not None
+        assert attempts[-1].state == "ended"
+        assert not marker.exists(), "the held worker was released"
+    finally:
         store.update_task = real_update  # type: ignore[method-assign]
         await h.close()
 
