@@ -4,8 +4,7 @@ A ``defaultdict(asyncio.Lock)`` keeps a lock for every task id ever locked: a sc
 ran a million tasks kept a million locks (≈ 200 bytes each with its key) until it
 restarted. Here a task's entry exists while its lock is held — the waiters queue in it, and
 each release hands the lock straight to the first of them — so what is kept is bounded by the
-work under way. ``try_acquire`` takes a free lock without suspending: the dispatcher holds the
-tasks it has just claimed before anything else on the loop can run.
+work under way.
 """
 
 from __future__ import annotations
@@ -30,13 +29,6 @@ class TaskLocks:
 
     def __contains__(self, key: object) -> bool:
         return key in self._held
-
-    def try_acquire(self, key: str) -> bool:
-        """Take the lock if it is free (without suspending); False when it is held."""
-        if key in self._held:
-            return False
-        self._held[key] = deque()
-        return True
 
     async def acquire(self, key: str) -> None:
         waiters = self._held.get(key)

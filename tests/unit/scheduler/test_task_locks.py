@@ -45,10 +45,9 @@ async def test_other_keys_do_not_wait() -> None:
                 pass
 
 
-async def test_try_acquire_takes_only_a_free_lock_and_a_waiter_gets_it_next() -> None:
+async def test_a_waiter_gets_the_lock_when_it_is_released() -> None:
     locks = TaskLocks()
-    assert locks.try_acquire("t")
-    assert not locks.try_acquire("t"), "held: not taken twice"
+    await locks.acquire("t")
     entered = asyncio.Event()
 
     async def waiter() -> None:
@@ -67,7 +66,7 @@ async def test_try_acquire_takes_only_a_free_lock_and_a_waiter_gets_it_next() ->
 
 async def test_a_cancelled_waiter_neither_holds_nor_blocks_the_lock() -> None:
     locks = TaskLocks()
-    assert locks.try_acquire("t")
+    await locks.acquire("t")
     cancelled = asyncio.create_task(locks.acquire("t"))
     await asyncio.sleep(0)
     cancelled.cancel()
@@ -81,7 +80,7 @@ async def test_a_cancelled_waiter_neither_holds_nor_blocks_the_lock() -> None:
 
 async def test_a_waiter_cancelled_just_as_it_is_handed_the_lock_passes_it_on() -> None:
     locks = TaskLocks()
-    assert locks.try_acquire("t")
+    await locks.acquire("t")
     first = asyncio.create_task(locks.acquire("t"))
     second = asyncio.create_task(locks.acquire("t"))
     await asyncio.sleep(0)
