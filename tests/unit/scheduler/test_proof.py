@@ -601,6 +601,25 @@ def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
             second.kill()
             second.wait()
         assert not own.strays()
+        # A process in a cgroup below the launching one is no held worker (one is born in the
+        # launching cgroup itself): a child of ours there counts.
+        inner = cgroup / "inner"
+        inner.mkdir()
+        nested = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: (inner / "cgroup.procs").write_text("0"))  # noqa: PLW1509
+        try:
+            assert own.strays(), "a child in a cgroup below the launching one"
+        finally:
+            nested.kill()
+            nested.wait()
+            deadline = time.monotonic() + 10
+            while True:  # the cgroup empties as the exit completes
+                try:
+                    inner.rmdir()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the cgroup below never emptied"
+                    time.sleep(0.01)
+        assert not own.strays()
         own._forking["o" * 32] = own._forking.pop(launching)
         assert own.strays(), "another launch's cgroup does not hold it"
         # A launch that has said its worker's pid: that pid is a leader; anything else alone in
