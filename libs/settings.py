@@ -66,6 +66,9 @@ class TaskSettings(_Frozen):
     # The Git project an "isolated-worktree" profile makes each task's worktree from
     # (a profile's own project_root wins). Empty: no project.
     project_root: str = ""
+    # Worker logs (one file per attempt) not written to for this long are deleted, unless
+    # their task runs on this host now; checked hourly. 0 keeps every log.
+    worker_log_retention_ms: int = Field(7 * 86_400_000, ge=0)
     # Sub-task trees: how deep a worker's sub-tasks may nest (a root task is depth 0) and
     # how many sub-tasks one task may start.
     max_subtask_depth: int = Field(3, ge=0, le=32)

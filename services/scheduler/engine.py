@@ -46,6 +46,7 @@ from services.scheduler.hosts import (
 )
 from services.scheduler.launch import ALLOWED_ENV, Launcher
 from services.scheduler.log_follower import LOG_GAP_WAIT_MS, LogFollower
+from services.scheduler.log_retention import LogRetention
 from services.scheduler.question_closer import QuestionCloser
 from services.scheduler.recovery import Recovery
 from services.scheduler.reports import WorkerReports
@@ -112,6 +113,7 @@ class Engine:
         self.stopper = Stopper(rt, self.settler)
         self.launcher = Launcher(rt, self.settler, self.stopper)
         self.supervisor = Supervisor(rt, self.stopper)
+        self.log_retention = LogRetention(rt)
         self.reports = WorkerReports(rt)
         self.recovery = Recovery(rt, self.settler, self.stopper)
         self.watchers = Watchers(rt)
@@ -182,6 +184,7 @@ class Engine:
                 asyncio.create_task(self.recovery.legacy_adoption_loop(), name="legacy-adoption"),
                 asyncio.create_task(self.lease.loop(), name="host-lease"),
                 asyncio.create_task(self.targets.loop(lambda: rt.closing), name="dispatch-deadlines"),
+                asyncio.create_task(self.log_retention.loop(), name="worker-log-retention"),
             ]
             if self.listener is not None:
                 self._loops += [

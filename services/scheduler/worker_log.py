@@ -9,13 +9,18 @@ Logs of older versions (``logs/<task id>/attempt-<n>.log``) are still read.
 Readers get at most ``MAX_TAIL_BYTES`` from its end, read without following a
 symlink: a worker running as the scheduler's uid can write into that folder,
 and must not turn its log into a window on another file (a caller secret).
+Logs not written to for ``[tasks] worker_log_retention_ms`` are deleted (``prune``):
+one file per attempt would otherwise fill the disk at the rates the scheduler runs.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
+import re
 import stat
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,3 +120,94 @@ def _not_a_log(exc: OSError) -> FailedPrecondition:
         return FailedPrecondition("WORKER_LOG_UNREADABLE", "the worker log is a symlink; it is not followed")
     name = errno.errorcode.get(exc.errno or 0, "error")
     return FailedPrecondition("WORKER_LOG_UNREADABLE", f"the worker log cannot be read ({name})")
+
+
+@dataclass(frozen=True)
+class Pruned:
+    files: int = 0
+    bytes: int = 0
+    kept_live: int = 0  # old enough, but their task runs now
+
+
+# The names the scheduler gives logs: <task id>.attempt-<n>.log in logs/workers, and an older
+# version's logs/<task id>/attempt-<n>.log. Nothing else in those folders is touched.
+_LOG_NAME = re.compile(r"([0-9a-f]{32})\.attempt-[0-9]+\.log")
+_LEGACY_FOLDER = re.compile(r"[0-9a-f]{32}")
+_LEGACY_NAME = re.compile(r"attempt-[0-9]+\.log")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def prune(data_dir: Path, older_than_s: float, live: Container[str]) -> Pruned:
+    """(Blocking.) Delete worker logs last written before ``older_than_s`` (epoch seconds),
+    except those of a task in ``live``; an older version's per-task folders go once empty.
+
+    A worker that can write into these folders must not aim the deletion anywhere else: every
+    folder is opened without following a symlink and every name resolved in its descriptor;
+    only files named as the scheduler names logs are unlinked — a regular file, or a link
+    itself, never its target."""
+    try:
+        logs_fd = os.open(resolved_dir(data_dir) / "logs", _DIR_FLAGS)
+    except OSError:
+        return Pruned()  # no logs yet (or not a folder of ours)
+    files = size = kept = 0
+    try:
+        for name in os.listdir(logs_fd):
+            if name == "workers":
+                found = _prune_folder(logs_fd, name, older_than_s, live, _task_of)
+            elif _LEGACY_FOLDER.fullmatch(name):
+                found = _prune_folder(logs_fd, name, older_than_s, live, functools.partial(_legacy_task, task_id=name))
+                try:
+                    os.rmdir(name, dir_fd=logs_fd)  # only once empty
+                except OSError:
+                    pass
+            else:
+                continue
+            files, size, kept = files + found[0], size + found[1], kept + found[2]
+    finally:
+        os.close(logs_fd)
+    return Pruned(files, size, kept)
+
+
+def _task_of(name: str) -> str | None:
+    match = _LOG_NAME.fullmatch(name)
+    return match.group(1) if match else None
+
+
+def _legacy_task(name: str, task_id: str) -> str | None:
+    return task_id if _LEGACY_NAME.fullmatch(name) else None
+
+
+def _prune_folder(
+    parent_fd: int, folder: str, older_than_s: float, live: Container[str], task_of: Callable[[str], str | None]
+) -> tuple[int, int, int]:
+    try:
+        dir_fd = os.open(folder, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError:
+        return 0, 0, 0  # gone, or not a folder (a symlink is not followed)
+    files = size = kept = 0
+    try:
+        # scandir, not listdir: the names come in pages (a folder of millions is never one list).
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                name = entry.name
+                task_id = task_of(name)
+                if task_id is None:
+                    continue  # not a log's name
+                try:
+                    info = entry.stat(follow_symlinks=False)  # fstatat in the folder's descriptor
+                except OSError:
+                    continue
+                if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)) or info.st_mtime >= older_than_s:
+                    continue
+                if task_id in live:
+                    kept += 1
+                    continue
+                try:
+                    os.unlink(name, dir_fd=dir_fd)
+                except OSError:  # gone meanwhile, or replaced by a folder (not a log)
+                    continue
+                files += 1
+                size += info.st_size
+    finally:
+        os.close(dir_fd)
+    return files, size, kept

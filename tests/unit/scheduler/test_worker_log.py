@@ -4,6 +4,7 @@ and GetWorkerLog over a real in-process gRPC server with a real worker's output.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from services.scheduler.worker_log import (
     attempt_log_path,
     legacy_attempt_log_path,
     open_for_worker,
+    prune,
     read_tail,
     validate_tail_request,
 )
@@ -125,3 +127,101 @@ async def test_get_worker_log_reads_the_latest_attempts_output(harness: Harness)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.GetWorkerLog(missing, timeout=5)
             assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+DAY_S = 86_400.0
+
+
+def aged(path: Path, days: float, now: float) -> Path:
+    os.utime(path, (now - days * DAY_S, now - days * DAY_S), follow_symlinks=False)
+    return path
+
+
+def log_of(data_dir: Path, task_id: str, number: int, content: bytes) -> Path:
+    path = attempt_log_path(data_dir, task_id, number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def test_logs_past_the_retention_are_deleted_unless_their_task_runs_here(tmp_path: Path) -> None:
+    now = time.time()
+    old = aged(log_of(tmp_path, "b" * 32, 1, b"old"), 8, now)
+    live = aged(log_of(tmp_path, "c" * 32, 1, b"quiet worker"), 8, now)
+    recent = aged(log_of(tmp_path, "d" * 32, 2, b"recent"), 6, now)
+    legacy = legacy_attempt_log_path(tmp_path, "e" * 32, 1)
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(b"older version")
+    aged(legacy, 9, now)
+    pruned = prune(tmp_path, now - 7 * DAY_S, live={"c" * 32})
+    assert not old.exists() and not legacy.exists()
+    assert not legacy.parent.exists(), "an older version's folder goes once empty"
+    assert live.exists(), "a running task keeps its log, however quiet"
+    assert recent.exists()
+    assert (pruned.files, pruned.bytes, pruned.kept_live) == (2, len(b"old") + len(b"older version"), 1)
+    assert read_tail(tmp_path, "b" * 32, 1, 100).content == b"", "a pruned log reads as empty"
+
+
+def test_pruning_deletes_a_link_never_its_target_and_leaves_folders(tmp_path: Path) -> None:
+    """A worker of the scheduler's uid can write into the logs folder: what it puts there must
+    not make the retention delete anything else."""
+    now = time.time()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("caller secret")
+    aged(secret, 30, now)
+    folder = attempt_log_path(tmp_path, TASK, 1).parent
+    folder.mkdir(parents=True)
+    link = folder / f"{'f' * 32}.attempt-1.log"
+    link.symlink_to(secret)
+    aged(link, 30, now)
+    sub = folder / f"{'g' * 32}.attempt-1.log"
+    sub.mkdir()
+    (sub / "inside").write_text("x")
+    aged(sub, 30, now)
+    # The whole folder swapped for a link to elsewhere is not followed either.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "victim.attempt-1.log"
+    victim.write_text("v")
+    aged(victim, 30, now)
+    notes = folder / "notes.txt"
+    notes.write_text("n")
+    aged(notes, 30, now)
+    prune(tmp_path, now - 7 * DAY_S, live=set())
+    assert not link.is_symlink() and secret.read_text() == "caller secret"
+    assert (sub / "inside").exists(), "a folder is no log"
+    assert notes.exists(), "only what is named as a log is deleted"
+    # The folder, or the logs folder above it, swapped for a link to elsewhere: not followed.
+    folder.rename(tmp_path / "moved")
+    folder.symlink_to(elsewhere)
+    prune(tmp_path, now - 7 * DAY_S, live=set())
+    assert victim.exists()
+    legacy_elsewhere = elsewhere / ("e" * 32)
+    legacy_elsewhere.mkdir()
+    kept = legacy_elsewhere / "attempt-1.log"
+    kept.write_text("k")
+    aged(kept, 30, now)
+    logs = folder.parent
+    logs.rename(tmp_path / "logs-moved")
+    logs.symlink_to(elsewhere)
+    prune(tmp_path, now - 7 * DAY_S, live=set())
+    assert kept.exists()
+
+
+async def test_the_scheduler_prunes_a_finished_tasks_log_and_keeps_a_running_ones(tmp_path: Path) -> None:
+    h = await start_harness(tmp_path)
+    try:
+        done = await h.create("behave", [{"progress": "hi"}])
+        assert await h.engine.dispatch_once() == 1
+        await h.wait(done.task_id, [State.COMPLETED])
+        running = await h.create("sleeper")
+        assert await h.engine.dispatch_once() == 1
+        await h.wait(running.task_id, [State.RUNNING])
+        now = time.time()
+        finished_log = aged(attempt_log_path(tmp_path, done.task_id, 1), 8, now)
+        running_log = aged(attempt_log_path(tmp_path, running.task_id, 1), 8, now)
+        pruned = await h.engine.log_retention.prune_once(now)
+        assert (pruned.files, pruned.kept_live) == (1, 1)
+        assert not finished_log.exists() and running_log.exists()
+    finally:
+        await h.close()
