@@ -124,6 +124,53 @@ async def test_a_cancel_committed_during_the_launch_keeps_the_held_worker_from_r
         await h.close()
 
 
+async def test_a_shutdown_during_the_running_commit_never_runs_the_held_worker(tmp_path: Path) -> None:
+    """The scheduler shuts down while a launch's identity-and-running commit is under way: the
+    dispatcher (and the launch) are cancelled, the commit lands all the same (a group commit's
+    unit runs whatever its caller does), and the shutdown's stop of the live attempts stops the
+    held worker — never released — and re-queues the task for resumption."""
+    marker = tmp_path / "ran"
+    h = await start_harness(tmp_path, workers={"marker": WorkerProfile(command=["touch", str(marker)])})
+    store: SchedulerStore = h.engine.store
+    real_update = store.update_task
+    at_commit, gate = asyncio.Event(), asyncio.Event()
+
+    async def commit_under_way(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+        if attempt is not None and attempt.pid is not None and attempt.state == "running":
+            at_commit.set()
+
+            async def lands_later() -> Any:
+                await gate.wait()
+                return await real_update(task_id, change, event_type, at, attempt=attempt)
+
+            return await asyncio.shield(asyncio.ensure_future(lands_later()))
+        return await real_update(task_id, change, event_type, at, attempt=attempt)
+
+    store.update_task = commit_under_way  # type: ignore[method-assign]
+    task = await h.create("marker")
+    dispatcher = asyncio.create_task(h.engine.launcher.dispatch_loop())
+    h.engine._loops.append(dispatcher)  # as start() does: the shutdown cancels it first
+    h.engine.runtime.wake.set()
+    try:
+        await asyncio.wait_for(at_commit.wait(), 15)
+        held = h.engine.runtime.live[task.task_id].attempt
+        assert held.pid is not None and held.pid_start_time is not None
+        shutdown = asyncio.create_task(h.engine.shutdown())
+        await asyncio.wait_for(asyncio.gather(dispatcher, return_exceptions=True), 15)
+        gate.set()  # the commit lands while the shutdown stops what lives
+        await asyncio.wait_for(shutdown, 30)
+        stored = await store.get_task(task.task_id)
+        assert stored.state == State.QUEUED, "re-queued for resumption"
+        (attempt,) = await store.attempts_of(task.task_id)
+        assert attempt.state == "ended" and attempt.pid == held.pid
+        assert not proctree.identity_matches(held.pid, held.pid_start_time), "the held worker is gone"
+        assert not marker.exists(), "and it never ran"
+    finally:
+        gate.set()
+        store.update_task = real_update  # type: ignore[method-assign]
+        await h.close()
+
+
 async def test_a_fast_workers_first_report_finds_its_task_running(tmp_path: Path) -> None:
     # The launch pauses after the release (generous: the worker must start and report within it),
     # so the report comes before the launch has finished: `running` committed before the release.
