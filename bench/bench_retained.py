@@ -3,12 +3,13 @@
 Run: .venv/bin/python bench/bench_retained.py [--warmup 2000] [--batch 6000] [--batches 5]
 The real five-process system (SQLite) runs `/bin/true` tasks through REST in batches; after
 the warm-up and after each batch (all its tasks completed) every service's resident set
-(``VmRSS``) is read. A service that keeps something per task (a lock, a cache entry, a
-subscription) grows in a line with the tasks: the slope, KiB per 1,000 tasks over the measured
-batches (least squares), is the figure, and the same over the later half of them: caches that
-fill up (SQLite's pages, pydantic's string cache) flatten there, a leak does not. Pages the
-allocator keeps make a few hundred KiB of noise; a per-task leak of ~200 bytes shows as
-~200 KiB per 1,000.
+(``VmRSS``) and its open file descriptors are read. A service that keeps something per task
+(a lock, a cache entry, a subscription) grows in a line with the tasks: the slope, KiB per
+1,000 tasks over the measured batches (least squares), is the figure, and the same over the
+later half of them: caches that fill up (SQLite's pages, pydantic's string cache, 16,384
+strings) flatten there once the run is long enough (the default's 32,000 tasks), a leak does
+not. Pages the allocator keeps make a few hundred KiB of noise; a per-task leak of ~200 bytes
+shows as ~200 KiB per 1,000. A descriptor leak shows as a count that climbs batch by batch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -36,6 +38,10 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -76,6 +82,7 @@ async def run(warmup: int, batch: int, batches: int) -> None:
                 await asyncio.sleep(1.0)  # the last exits' follow-ups (deliveries, proofs)
                 done = [warmup]
                 samples = {name: [rss_kib(pid)] for name, pid in pids.items()}
+                fds = {name: [open_fds(pid)] for name, pid in pids.items()}
                 print(f"warm-up: {warmup} tasks ({rate:.0f}/s)", flush=True)
                 for i in range(batches):
                     rate = await run_batch(batch)
@@ -83,6 +90,7 @@ async def run(warmup: int, batch: int, batches: int) -> None:
                     done.append(done[-1] + batch)
                     for name, pid in pids.items():
                         samples[name].append(rss_kib(pid))
+                        fds[name].append(open_fds(pid))
                     row = ", ".join(f"{name} {samples[name][-1] / 1024:.1f}" for name in pids)
                     print(f"batch {i + 1}/{batches}: {done[-1]} tasks ({rate:.0f}/s); RSS MiB: {row}", flush=True)
             half = len(done) // 2
@@ -98,6 +106,9 @@ async def run(warmup: int, batch: int, batches: int) -> None:
                     f"  {name:<10} {slope(xs, ys) * 1000:8.1f} {slope(xs[half:], ys[half:]) * 1000:8.1f}"
                     f"   ({ys[0] / 1024:.1f} -> {ys[-1] / 1024:.1f} MiB, {grown:+.1f})"
                 )
+            print("open file descriptors after the warm-up and after each batch (a leak grows with the tasks):")
+            for name in pids:
+                print(f"  {name:<10} {' '.join(str(n) for n in fds[name])}")
             print(
                 f"  (reproduce: .venv/bin/python bench/bench_retained.py --warmup {warmup} --batch {batch}"
                 f" --batches {batches})"
