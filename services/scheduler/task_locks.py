@@ -42,7 +42,7 @@ class TaskLocks:
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():
                 self.release(key)  # handed the lock as the wait was cancelled: pass it on
-            else:
+            elif turn in waiters:  # (a release in between has passed over it already)
                 waiters.remove(turn)
             raise
 

@@ -97,3 +97,20 @@ async def test_a_waiter_cancelled_just_as_it_is_handed_the_lock_passes_it_on() -
 async def test_releasing_a_free_lock_is_an_error() -> None:
     with pytest.raises(RuntimeError):
         TaskLocks().release("t")
+
+
+async def test_a_waiter_cancelled_just_before_a_release_passes_it_over() -> None:
+    """Its wait is cancelled, then the lock is released before the waiter has run again: the
+    release passes over the cancelled wait (and finds no one else), and the waiter's own
+    leaving does not trip over the wait already gone."""
+    locks = TaskLocks()
+    await locks.acquire("t")
+    waiter = asyncio.create_task(locks.acquire("t"))
+    await asyncio.sleep(0)
+    waiter.cancel()  # its wait is cancelled now; the waiter itself runs at the next turn
+    locks.release("t")
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert len(locks) == 0
+    async with asyncio.timeout(5), locks["t"]:
+        pass
