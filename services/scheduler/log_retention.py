@@ -44,7 +44,9 @@ class LogRetention:
         retention_s = rt.tasks_cfg.worker_log_retention_ms / 1000
         live = frozenset(rt.live)  # read on the loop: the thread gets a snapshot
         began = time.perf_counter()
-        pruned = await asyncio.to_thread(worker_log.prune, rt.settings.data_dir, now_s - retention_s, live)
+        pruned = await asyncio.to_thread(
+            worker_log.prune, rt.settings.data_dir, now_s - retention_s, live, lambda: rt.closing
+        )
         if pruned.files or pruned.kept_live:
             log.info(
                 "worker_logs_pruned",

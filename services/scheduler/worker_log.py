@@ -137,14 +137,16 @@ _LEGACY_NAME = re.compile(r"attempt-[0-9]+\.log")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def prune(data_dir: Path, older_than_s: float, live: Container[str]) -> Pruned:
+def prune(
+    data_dir: Path, older_than_s: float, live: Container[str], stop: Callable[[], bool] = lambda: False
+) -> Pruned:
     """(Blocking.) Delete worker logs last written before ``older_than_s`` (epoch seconds),
     except those of a task in ``live``; an older version's per-task folders go once empty.
 
     A worker that can write into these folders must not aim the deletion anywhere else: every
     folder is opened without following a symlink and every name resolved in its descriptor;
     only files named as the scheduler names logs are unlinked — a regular file, or a link
-    itself, never its target."""
+    itself, never its target. ``stop`` is asked now and then (a shutdown ends a long pass)."""
     try:
         logs_fd = os.open(resolved_dir(data_dir) / "logs", _DIR_FLAGS)
     except OSError:
@@ -152,10 +154,14 @@ def prune(data_dir: Path, older_than_s: float, live: Container[str]) -> Pruned:
     files = size = kept = 0
     try:
         for name in os.listdir(logs_fd):
+            if stop():
+                break
             if name == "workers":
-                found = _prune_folder(logs_fd, name, older_than_s, live, _task_of)
+                found = _prune_folder(logs_fd, name, older_than_s, live, _task_of, stop)
             elif _LEGACY_FOLDER.fullmatch(name):
-                found = _prune_folder(logs_fd, name, older_than_s, live, functools.partial(_legacy_task, task_id=name))
+                found = _prune_folder(
+                    logs_fd, name, older_than_s, live, functools.partial(_legacy_task, task_id=name), stop
+                )
                 try:
                     os.rmdir(name, dir_fd=logs_fd)  # only once empty
                 except OSError:
@@ -178,7 +184,12 @@ def _legacy_task(name: str, task_id: str) -> str | None:
 
 
 def _prune_folder(
-    parent_fd: int, folder: str, older_than_s: float, live: Container[str], task_of: Callable[[str], str | None]
+    parent_fd: int,
+    folder: str,
+    older_than_s: float,
+    live: Container[str],
+    task_of: Callable[[str], str | None],
+    stop: Callable[[], bool],
 ) -> tuple[int, int, int]:
     try:
         dir_fd = os.open(folder, _DIR_FLAGS, dir_fd=parent_fd)
@@ -188,7 +199,9 @@ def _prune_folder(
     try:
         # scandir, not listdir: the names come in pages (a folder of millions is never one list).
         with os.scandir(dir_fd) as entries:
-            for entry in entries:
+            for seen, entry in enumerate(entries):
+                if seen % 1024 == 1023 and stop():
+                    break
                 name = entry.name
                 task_id = task_of(name)
                 if task_id is None:

@@ -225,3 +225,19 @@ async def test_the_scheduler_prunes_a_finished_tasks_log_and_keeps_a_running_one
         assert not finished_log.exists() and running_log.exists()
     finally:
         await h.close()
+
+
+def test_a_stop_ends_a_long_pass_early(tmp_path: Path) -> None:
+    now = time.time()
+    for i in range(3000):
+        aged(log_of(tmp_path, f"{i:032x}", 1, b"x"), 8, now)
+    asked = 0
+
+    def stop() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked > 1  # the shutdown comes during the pass
+
+    pruned = prune(tmp_path, now - 7 * DAY_S, live=set(), stop=stop)
+    assert 0 < pruned.files < 3000, pruned
+    assert prune(tmp_path, now - 7 * DAY_S, live=set()).files == 3000 - pruned.files, "the next pass goes on"
