@@ -1,8 +1,8 @@
 """The default task list (a session's unfinished tasks, newest first) as the session's history grows.
 
-Run: .venv/bin/python bench/bench_task_list.py
-The scheduler's store alone on SQLite: one session with 1,000 tasks in one database and 10,000 in
-another, 50 of them unfinished; p50 of the default list (first page of 20, with its total) on each,
+Run: .venv/bin/python bench/bench_task_list.py [SMALL LARGE]   (default 1000 10000)
+The scheduler's store alone on SQLite: one session with 1,000 tasks in one database and 10,000 (or
+the sizes given) in another, 50 of them unfinished; p50 of the default list (first page of 20, with its total) on each,
 the two taking turns. First with the unfinished tasks the session's newest, then the oldest (every
 finished one newer).
 """
@@ -22,7 +22,7 @@ from libs.db import Database  # noqa: E402
 from services.scheduler.domain import State, Task  # noqa: E402
 from services.scheduler.store import MIGRATIONS, SchedulerStore  # noqa: E402
 
-SIZES = (1_000, 10_000)
+SIZES = tuple(int(n) for n in sys.argv[1:]) or (1_000, 10_000)
 UNFINISHED = 50
 CALLS = 1000
 
@@ -86,7 +86,7 @@ async def main() -> None:
                 store.db.close()
         for size in SIZES:
             print(f"default list, {size:6} tasks, {layout}: p50 {p50[size]:6.2f} ms", flush=True)
-        print(f"ratio 10k/1k ({layout}): {p50[SIZES[1]] / p50[SIZES[0]]:.2f}x", flush=True)
+        print(f"ratio {SIZES[1]:,}/{SIZES[0]:,} ({layout}): {p50[SIZES[1]] / p50[SIZES[0]]:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
