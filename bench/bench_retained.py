@@ -27,17 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_tasks import AGENT, CREATES_IN_FLIGHT, SESSION, THROUGHPUT_SETTINGS  # noqa: E402
 from bench.lean_http import LeanClient  # noqa: E402
+from bench.stats import rss_mib  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 
 SERVICES = ("scheduler", "gateway", "notifier", "pending", "telemetry")
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def open_fds(pid: int) -> int:
@@ -81,7 +75,7 @@ async def run(warmup: int, batch: int, batches: int) -> None:
                 rate = await run_batch(warmup)
                 await asyncio.sleep(1.0)  # the last exits' follow-ups (deliveries, proofs)
                 done = [warmup]
-                samples = {name: [rss_kib(pid)] for name, pid in pids.items()}
+                samples = {name: [rss_mib(pid) * 1024] for name, pid in pids.items()}
                 fds = {name: [open_fds(pid)] for name, pid in pids.items()}
                 print(f"warm-up: {warmup} tasks ({rate:.0f}/s)", flush=True)
                 for i in range(batches):
@@ -89,7 +83,7 @@ async def run(warmup: int, batch: int, batches: int) -> None:
                     await asyncio.sleep(1.0)
                     done.append(done[-1] + batch)
                     for name, pid in pids.items():
-                        samples[name].append(rss_kib(pid))
+                        samples[name].append(rss_mib(pid) * 1024)
                         fds[name].append(open_fds(pid))
                     row = ", ".join(f"{name} {samples[name][-1] / 1024:.1f}" for name in pids)
                     print(f"batch {i + 1}/{batches}: {done[-1]} tasks ({rate:.0f}/s); RSS MiB: {row}", flush=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.errors import FailedPrecondition
+from libs.ids import UUID_HEX_PATTERN
 from libs.settings import resolved_dir
 from services.scheduler.domain import InvalidArgument
 
@@ -131,8 +132,7 @@ class Pruned:
 
 # The names the scheduler gives logs: <task id>.attempt-<n>.log in logs/workers, and an older
 # version's logs/<task id>/attempt-<n>.log. Nothing else in those folders is touched.
-_LOG_NAME = re.compile(r"([0-9a-f]{32})\.attempt-[0-9]+\.log")
-_LEGACY_FOLDER = re.compile(r"[0-9a-f]{32}")
+_LOG_NAME = re.compile(r"(?P<task_id>.{32})\.attempt-[0-9]+\.log")
 _LEGACY_NAME = re.compile(r"attempt-[0-9]+\.log")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -158,7 +158,7 @@ def prune(
                 break
             if name == "workers":
                 found = _prune_folder(logs_fd, name, older_than_s, live, _task_of, stop)
-            elif _LEGACY_FOLDER.fullmatch(name):
+            elif UUID_HEX_PATTERN.match(name):  # a task id
                 found = _prune_folder(
                     logs_fd, name, older_than_s, live, functools.partial(_legacy_task, task_id=name), stop
                 )
@@ -176,7 +176,7 @@ def prune(
 
 def _task_of(name: str) -> str | None:
     match = _LOG_NAME.fullmatch(name)
-    return match.group(1) if match else None
+    return match["task_id"] if match and UUID_HEX_PATTERN.match(match["task_id"]) else None
 
 
 def _legacy_task(name: str, task_id: str) -> str | None:
