@@ -69,6 +69,9 @@ class TaskSettings(_Frozen):
     # Worker logs (one file per attempt) not written to for this long are deleted, unless
     # their task runs on this host now; checked hourly. 0 keeps every log.
     worker_log_retention_ms: int = Field(7 * 86_400_000, ge=0)
+    # Finished tasks (completed, failed, cancelled) are deleted with their events and
+    # attempts this long after they finished; checked hourly. 0 (the default) keeps them all.
+    finished_task_retention_ms: int = Field(0, ge=0)
     # Sub-task trees: how deep a worker's sub-tasks may nest (a root task is depth 0) and
     # how many sub-tasks one task may start.
     max_subtask_depth: int = Field(3, ge=0, le=32)

@@ -35,6 +35,7 @@ from services.scheduler.crons import CronRunner
 from services.scheduler.dispatch_targets import TargetDispatcher
 from services.scheduler.domain import Attempt, NewTask, Task, Usage
 from services.scheduler.events import TaskEvent
+from services.scheduler.history_retention import HistoryRetention
 from services.scheduler.hosts import (
     EventRelay,
     HostIdInUse,
@@ -114,6 +115,7 @@ class Engine:
         self.launcher = Launcher(rt, self.settler, self.stopper)
         self.supervisor = Supervisor(rt, self.stopper)
         self.log_retention = LogRetention(rt)
+        self.history_retention = HistoryRetention(rt)
         self.reports = WorkerReports(rt)
         self.recovery = Recovery(rt, self.settler, self.stopper)
         self.watchers = Watchers(rt)
@@ -185,6 +187,7 @@ class Engine:
                 asyncio.create_task(self.lease.loop(), name="host-lease"),
                 asyncio.create_task(self.targets.loop(lambda: rt.closing), name="dispatch-deadlines"),
                 asyncio.create_task(self.log_retention.loop(), name="worker-log-retention"),
+                asyncio.create_task(self.history_retention.loop(), name="finished-task-retention"),
             ]
             if self.listener is not None:
                 self._loops += [

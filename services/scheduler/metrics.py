@@ -44,6 +44,10 @@ STORE_UNIT_CPU = Counter(
     "CPU time of the database thread inside each kind of store unit (committed or not)",
     ["unit"],
 )
+TASKS_PRUNED = Counter(
+    "taskgate_tasks_pruned_total",
+    "Finished tasks deleted with their events and attempts by [tasks] finished_task_retention_ms",
+)
 # A launch's wall time by step, from its claim to its worker committed running: where a launch
 # waits (for the group commit, for a spawn thread, for the CPU) when the host is busy.
 WORKER_SPAWNS = Counter(

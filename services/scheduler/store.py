@@ -337,6 +337,41 @@ def _events_with_tasks(after: ColumnElement[bool]) -> Any:
     )
 
 
+# History retention (``prune_finished``, hourly: built per call, not ``Direct``, whose
+# compiled form cannot expand IN lists): finished tasks before a cutoff, by the state index,
+# in no order (a batch needs no sort of the whole backlog). FOR UPDATE SKIP LOCKED on
+# PostgreSQL: a replica pruning at the same time takes other rows.
+PRUNE_BATCH = 100  # ≈ 4 ms of the database thread on SQLite (bench/bench_history_retention.py)
+_CHILD = TASKS.alias("child")
+
+
+def _finished_before_cutoff(tasks: Any) -> ColumnElement[bool]:
+    return sa.and_(tasks.c.state.in_([s.value for s in TERMINAL]), tasks.c.updated_at < sa.bindparam("cutoff"))
+
+
+_PRUNE_CANDIDATES = (
+    sa.select(TASKS.c.task_id)
+    .where(
+        TASKS.c.created_at < sa.bindparam("cutoff"),
+        _finished_before_cutoff(TASKS),
+        ~sa.exists().where(QUESTION_CLOSES.c.task_id == TASKS.c.task_id),
+        # A sub-task that stays keeps its parent (``ix_tasks_parent``); deeper trees are
+        # settled in ``prune_finished``.
+        ~sa.exists().where(_CHILD.c.parent_task_id == TASKS.c.task_id, ~_finished_before_cutoff(_CHILD)),
+    )
+    .limit(sa.bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+_NEWEST_EVENT_TASK = sa.select(EVENTS.c.task_id).order_by(EVENTS.c.id.desc()).limit(1)
+
+
+@dataclass(frozen=True)
+class PrunedTasks:
+    tasks: int
+    events: int
+    attempts: int
+
+
 # A follower's read with no gaps to look at again: the common one, compiled once.
 _EVENTS_AFTER = Direct(
     _events_with_tasks(EVENTS.c.id > sa.bindparam("sequence")).limit(sa.bindparam("limit")),
@@ -769,6 +804,48 @@ class SchedulerStore:
     async def last_event_id(self) -> int:
         def work(s: Tx) -> int:
             return int(_rows(s, sa.select(func.coalesce(func.max(EVENTS.c.id), 0)))[0][0])
+
+        return await self.group.alone(work)
+
+    # --- history retention ----------------------------------------------------
+
+    async def prune_finished(self, cutoff: int, limit: int = PRUNE_BATCH) -> PrunedTasks:
+        """Delete up to ``limit`` tasks that finished before ``cutoff`` (ms), with their events
+        and attempts, in one transaction of its own.
+
+        Kept whatever their age: a task with a question still to close in the
+        pending-registry (its outbox row), a task with a sub-task that is kept (no sub-task is
+        left pointing at a deleted parent), and the task of the log's newest event (SQLite
+        hands the highest id out again once its row is gone, and a follower whose cursor is
+        past it would never read the next events).
+        """
+
+        def work(s: Tx) -> PrunedTasks:
+            # Nothing finishes before it is created: the (state, created_at) index narrows the
+            # search, and updated_at (when it finished) decides.
+            ids = {r.task_id for r in _rows(s, _PRUNE_CANDIDATES, {"cutoff": cutoff, "limit": limit})}
+            newest = _rows(s, _NEWEST_EVENT_TASK)
+            if newest:
+                ids.discard(newest[0].task_id)
+            # A candidate with a sub-task that stays is kept too, and so, level by level, is
+            # every candidate above it.
+            while ids:
+                rows = _rows(
+                    s,
+                    sa.select(TASKS.c.parent_task_id)
+                    .where(TASKS.c.parent_task_id.in_(ids), TASKS.c.task_id.not_in(ids))
+                    .distinct(),
+                )
+                if not rows:
+                    break
+                ids -= {r.parent_task_id for r in rows}
+            if not ids:
+                return PrunedTasks(0, 0, 0)
+            conn = s.connection()
+            events = conn.execute(sa.delete(EVENTS).where(EVENTS.c.task_id.in_(ids))).rowcount
+            attempts = conn.execute(sa.delete(ATTEMPTS).where(ATTEMPTS.c.task_id.in_(ids))).rowcount
+            tasks = conn.execute(sa.delete(TASKS).where(TASKS.c.task_id.in_(ids))).rowcount
+            return PrunedTasks(tasks, events, attempts)
 
         return await self.group.alone(work)
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import inspect, text
@@ -22,22 +21,6 @@ from services.scheduler.domain import Attempt, InvalidTransition, State, Task
 from services.scheduler.store import MIGRATIONS as SCHEDULER_MIGRATIONS
 from services.scheduler.store import SchedulerStore, TaskRow
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
-from tests.support.postgres import fresh_database
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'test.db'}"
-    return fresh_database(request.getfixturevalue("postgres_url"), "store")
-
-
-@pytest.fixture
-def scheduler_db(db_url: str) -> Iterator[Database]:
-    db = Database(db_url, SCHEDULER_MIGRATIONS)
-    assert db.migrate() == [1, 2, 3, 4, 5]
-    yield db
-    db.close()
 
 
 def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000, **kw: object) -> Task:

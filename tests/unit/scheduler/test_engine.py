@@ -20,7 +20,7 @@ from libs import proctree
 from libs.db import Database
 from libs.grpc_server import NO_CALLER_AUTH, ServiceHost, start_server
 from libs.settings import Settings, TaskSettings, WorkerProfile
-from services.scheduler.domain import NewTask, State, Task
+from services.scheduler.domain import NewTask, State, Task, TaskNotFound
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, SchedulerStore
@@ -270,3 +270,27 @@ async def test_restart_recovery_stops_the_old_worker_and_resumes(tmp_path: Path)
         assert len(attempts) == 2 and attempts[1].boot_id == second.engine.boot_id
     finally:
         await second.close()
+
+
+async def test_finished_tasks_past_the_retention_are_deleted_with_their_attempts(tmp_path: Path) -> None:
+    """The engine's retention pass on tasks its workers ran: a task that never asked leaves no
+    question to close, so it goes once it has been finished for the retention; what is newer stays."""
+    day = 86_400_000
+    h = await start_harness(tmp_path, finished_task_retention_ms=30 * day)
+    try:
+        old = await running(h, "behave", [{"result": {"text": "done"}}])
+        await h.wait(old.task_id, [State.COMPLETED])
+        assert len((await h.engine.get_task(old.task_id))[1]) == 1
+        h.clock.advance(30 * day)
+        recent = await h.create("behave")  # created now: within the retention, and the log's newest event
+
+        assert (await h.engine.history_retention.prune_once(h.clock.now_ms())).tasks == 0  # not yet 30 days
+        h.clock.advance(1)
+        pruned = await h.engine.history_retention.prune_once(h.clock.now_ms())
+
+        assert (pruned.tasks, pruned.attempts) == (1, 1) and pruned.events >= 3  # created, running, completed
+        with pytest.raises(TaskNotFound):
+            await h.engine.get_task(old.task_id)
+        assert (await h.engine.store.get_task(recent.task_id)).state == State.QUEUED
+    finally:
+        await h.close()

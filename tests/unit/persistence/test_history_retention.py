@@ -1,0 +1,161 @@
+"""Finished-task retention (``SchedulerStore.prune_finished``, ``HistoryRetention``) on
+SQLite and PostgreSQL: what goes, what stays, and that the event log's ids never go back."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import text
+
+from libs.db import Database
+from services.scheduler.domain import Attempt, State, Task, TaskNotFound
+from services.scheduler.history_retention import HistoryPruned, HistoryRetention
+from services.scheduler.store import MIGRATIONS, PrunedTasks, SchedulerStore
+from tests.unit.persistence.test_stores import make_task
+
+CUTOFF = 5000
+
+
+def tid(n: int) -> str:
+    return f"{n:032x}"
+
+
+def quiet_store(db: Database) -> SchedulerStore:
+    """A store whose ending tasks never asked a question: no question-close rows."""
+    store = SchedulerStore(db)
+    store.may_have_asked = lambda task: False
+    return store
+
+
+async def finish(store: SchedulerStore, task_id: str, state: State, at: int) -> None:
+    def end(t: Task) -> Task:
+        t.state = state
+        return t
+
+    await store.update_task(task_id, end, "task.state_changed", at)
+
+
+def count(db: Database, table: str, task_id: str | None = None) -> int:
+    with db.engine.connect() as conn:
+        if task_id is None:
+            return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+        return int(conn.execute(text(f"SELECT count(*) FROM {table} WHERE task_id = :t"), {"t": task_id}).scalar_one())
+
+
+async def test_finished_tasks_older_than_the_cutoff_go_with_their_events_and_attempts(scheduler_db: Database) -> None:
+    store = quiet_store(scheduler_db)
+    # Ended before the cutoff: completed (with an attempt), failed, cancelled.
+    await store.create_task(make_task(tid(1), state=State.RUNNING, created_at=1000))
+    await store.save_attempt(Attempt(attempt_id="a" * 32, task_id=tid(1), number=1, boot_id="b", token_hash="h" * 64))
+    await finish(store, tid(1), State.COMPLETED, 2000)
+    await store.create_task(make_task(tid(2), state=State.FAILED, created_at=1500))
+    await store.create_task(make_task(tid(3), state=State.CANCELLED, created_at=1600))
+    # Kept: created long ago but finished after the cutoff, and tasks that have not finished.
+    await store.create_task(make_task(tid(4), state=State.RUNNING, created_at=1000))
+    await finish(store, tid(4), State.COMPLETED, CUTOFF + 1)
+    for n, state in ((5, State.RUNNING), (6, State.NEEDS_RECONCILIATION), (7, State.PAUSED), (8, State.QUEUED)):
+        await store.create_task(make_task(tid(n), state=state, created_at=1000 + n))
+
+    pruned = await store.prune_finished(CUTOFF)
+
+    assert pruned == PrunedTasks(tasks=3, events=4, attempts=1)
+    for gone in (tid(1), tid(2), tid(3)):
+        with pytest.raises(TaskNotFound):
+            await store.get_task(gone)
+        assert count(scheduler_db, "task_events", gone) == 0
+    assert count(scheduler_db, "attempts") == 0
+    kept = {t.task_id for t in (await store.find_tasks([tid(n) for n in range(1, 9)])).values()}
+    assert kept == {tid(n) for n in range(4, 9)}
+    assert count(scheduler_db, "task_events", tid(4)) == 2  # what stays keeps its whole history
+    assert await store.prune_finished(CUTOFF) == PrunedTasks(0, 0, 0)
+
+
+async def test_a_task_with_a_question_still_to_close_stays_until_it_is_closed(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db)  # every ending task may have asked: each leaves a close row
+    await store.create_task(make_task(tid(1), state=State.RUNNING, created_at=1000))
+    await finish(store, tid(1), State.COMPLETED, 2000)
+    await store.create_task(make_task(tid(2), created_at=9000))  # the log's newest event
+
+    assert await store.prune_finished(CUTOFF) == PrunedTasks(0, 0, 0)
+    await store.question_close_done(tid(1))
+    assert (await store.prune_finished(CUTOFF)).tasks == 1
+
+
+async def test_a_sub_task_that_stays_keeps_every_task_above_it(scheduler_db: Database) -> None:
+    store = quiet_store(scheduler_db)
+    root, child, grandchild = tid(1), tid(2), tid(3)
+    await store.create_task(make_task(root, state=State.COMPLETED, created_at=1000))
+    await store.create_task(make_task(child, state=State.COMPLETED, created_at=1001, parent_task_id=root, depth=1))
+    await store.create_task(
+        make_task(grandchild, state=State.RUNNING, created_at=1002, parent_task_id=child, root_task_id=root, depth=2)
+    )
+    # Another tree, finished throughout, goes whole.
+    await store.create_task(make_task(tid(4), state=State.CANCELLED, created_at=1003))
+    await store.create_task(make_task(tid(5), state=State.CANCELLED, created_at=1004, parent_task_id=tid(4), depth=1))
+    await store.create_task(make_task(tid(9), created_at=9000))  # the log's newest event
+
+    assert await store.prune_finished(CUTOFF) == PrunedTasks(tasks=2, events=2, attempts=0)
+    assert set(await store.find_tasks([root, child, grandchild])) == {root, child, grandchild}
+
+    await finish(store, grandchild, State.COMPLETED, 3000)
+    await store.create_task(make_task(tid(10), created_at=9001))  # the newest event again
+    assert (await store.prune_finished(CUTOFF)).tasks == 3
+    assert await store.find_tasks([root, child, grandchild]) == {}
+
+
+async def test_the_newest_event_s_task_stays_so_event_ids_never_go_back(scheduler_db: Database) -> None:
+    """SQLite gives the highest rowid again once its row is deleted: a follower whose cursor is
+    at that id would never read the next events. The newest event's task is kept for that."""
+    store = quiet_store(scheduler_db)
+    for n in range(1, 6):
+        await store.create_task(make_task(tid(n), state=State.COMPLETED, created_at=1000 + n))
+    newest = await store.last_event_id()
+
+    assert (await store.prune_finished(CUTOFF)).tasks == 4
+    assert await store.last_event_id() == newest
+    await store.create_task(make_task(tid(6), created_at=9000))
+    read, events = await store.events_after(newest, (), 10)
+    assert [e.task.task_id for e in events] == [tid(6)] and read[0] > newest
+
+
+async def test_concurrent_passes_delete_each_task_once(db_url: str) -> None:
+    """Two replicas pruning one database at once: each task goes once, nothing fails (SKIP
+    LOCKED on PostgreSQL, one writer at a time on SQLite)."""
+    dbs = [Database(db_url, MIGRATIONS) for _ in range(2)]
+    dbs[0].migrate()
+    try:
+        stores = [quiet_store(db) for db in dbs]
+        for n in range(1, 201):
+            await stores[0].create_task(make_task(tid(n), state=State.COMPLETED, created_at=1000 + n))
+        await stores[0].create_task(make_task(tid(999), created_at=9000))
+
+        async def drain(store: SchedulerStore) -> int:
+            done = 0
+            while pruned := (await store.prune_finished(CUTOFF, limit=20)).tasks:
+                done += pruned
+            return done
+
+        counts = await asyncio.gather(drain(stores[0]), drain(stores[1]))
+        assert sum(counts) == 200
+        assert count(dbs[0], "tasks") == 1 and count(dbs[0], "task_events") == 1
+    finally:
+        for db in dbs:
+            db.close()
+
+
+async def test_a_pass_deletes_batch_after_batch_at_the_configured_age(scheduler_db: Database) -> None:
+    store = quiet_store(scheduler_db)
+    day = 86_400_000
+    for n in range(1, 13):
+        await store.create_task(make_task(tid(n), state=State.FAILED, created_at=1000 + n))
+    await store.create_task(make_task(tid(20), state=State.COMPLETED, created_at=2 * day))  # within the retention
+    # The runtime's part in a pass: its store, the retention, whether it is closing.
+    rt = SimpleNamespace(store=store, closing=False, tasks_cfg=SimpleNamespace(finished_task_retention_ms=2 * day))
+    retention = HistoryRetention(rt, batch=5)  # type: ignore[arg-type]
+
+    assert await retention.prune_once(3 * day) == HistoryPruned(tasks=12, events=12, attempts=0, batches=3)
+    assert set(await store.find_tasks([tid(n) for n in (1, 12, 20)])) == {tid(20)}
+    # A day later the last one is past the retention too, but it holds the log's newest event.
+    assert (await retention.prune_once(4 * day + 1)).tasks == 0
