@@ -414,6 +414,9 @@ class WorkerLog(_Closed):
     attempt: int | None = Field(default=None, description="the attempt read; absent when the task has none yet")
     sizeBytes: int = Field(description="the whole log's size")
     truncated: bool = Field(description="the log holds more than text: only its tail is here")
+    expired: bool = Field(
+        description="no log because the attempt ended longer ago than the worker log retention: it was deleted"
+    )
     text: str = Field(description="the tail as UTF-8 (undecodable bytes replaced)")
 
 

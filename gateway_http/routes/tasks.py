@@ -257,6 +257,7 @@ async def worker_log(
         "taskId": taskId,
         "sizeBytes": reply.size_bytes,
         "truncated": reply.truncated,
+        "expired": reply.expired,
         "text": reply.content.decode("utf-8", errors="replace"),
     }
     if reply.attempt_number:

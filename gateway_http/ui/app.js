@@ -1041,9 +1041,11 @@ async function loadLog() {
     );
     try {
       const log = await api(`${base(agent, session)}/tasks/${enc(taskId)}/log?tailBytes=${state.logTail}`);
-      const note = log.attempt
-        ? `Attempt ${log.attempt} · ${bytes(log.sizeBytes)}${log.truncated ? " · showing the end" : ""}`
-        : "No attempt yet: no log.";
+      const note = !log.attempt
+        ? "No attempt yet: no log."
+        : log.expired
+          ? `Attempt ${log.attempt} · its log was deleted: the attempt ended longer ago than the log retention.`
+          : `Attempt ${log.attempt} · ${bytes(log.sizeBytes)}${log.truncated ? " · showing the end" : ""}`;
       const pre = h("pre", { class: "log", id: "log-text", tabindex: "0", "aria-label": "Worker log" }, log.text || "(empty)");
       block.replaceChildren(header, h("p", { class: "muted" }, note), pre);
       pre.scrollTop = pre.scrollHeight;

@@ -12,7 +12,7 @@ from libs.settings import WorkerProfile
 from services.scheduler import admission, domain, skills
 from services.scheduler.domain import Attempt, NewTask, State, Task
 from services.scheduler.runtime import Runtime
-from services.scheduler.worker_log import LogTail, read_tail, validate_tail_request
+from services.scheduler.worker_log import LogTail, log_expired, read_tail, validate_tail_request
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,9 @@ class TaskCatalog:
             return LogTail(0, b"", 0)
         if number not in numbers:
             raise errors.NotFound("ATTEMPT_NOT_FOUND", f"the task has no attempt {number}")
-        return await asyncio.to_thread(read_tail, self.rt.settings.data_dir, task_id, number, wanted)
+        ended_at = next(a.ended_at for a in attempts if a.number == number)
+        expired = log_expired(ended_at, self.rt.tasks_cfg.worker_log_retention_ms, self.rt.clock.now_ms())
+        return await asyncio.to_thread(read_tail, self.rt.settings.data_dir, task_id, number, wanted, expired)
 
     async def list_tasks(
         self, agent_id: str, session_id: str, page: int, page_size: int, include_finished: bool

@@ -168,6 +168,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             content=tail.content,
             size_bytes=tail.size_bytes,
             truncated=tail.truncated,
+            expired=tail.expired,
         )
 
     async def RecordDispatchOutcome(

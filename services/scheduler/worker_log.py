@@ -61,6 +61,8 @@ class LogTail:
     attempt_number: int  # 0: the task has no attempt (no log)
     content: bytes
     size_bytes: int
+    # No log, and the attempt ended longer ago than the log retention: it was deleted.
+    expired: bool = False
 
     @property
     def truncated(self) -> bool:
@@ -78,14 +80,21 @@ def validate_tail_request(attempt_number: int, tail_bytes: int) -> int:
     return tail_bytes or DEFAULT_TAIL_BYTES
 
 
-def read_tail(data_dir: Path, task_id: str, number: int, tail_bytes: int) -> LogTail:
+def log_expired(ended_at: int | None, retention_ms: int, now_ms: int) -> bool:
+    """Whether an attempt's log is past the retention: the attempt ended (its log's last
+    write) longer ago than ``retention_ms`` (0: logs are kept)."""
+    return bool(retention_ms) and ended_at is not None and now_ms - ended_at > retention_ms
+
+
+def read_tail(data_dir: Path, task_id: str, number: int, tail_bytes: int, expired: bool = False) -> LogTail:
     """The last ``tail_bytes`` of an attempt's log (blocking: call it from a thread).
-    A log that does not exist (yet, or any more) reads as empty; a log that is not a
-    regular file, or reached through a symlink, is refused."""
+    A log that does not exist (yet, or any more) reads as empty, ``expired`` when the
+    retention has deleted it; a log that is not a regular file, or reached through a
+    symlink, is refused."""
     tail = _read_tail(attempt_log_path(data_dir, task_id, number), number, tail_bytes)
     if tail is None:
         tail = _read_tail(legacy_attempt_log_path(data_dir, task_id, number), number, tail_bytes)
-    return tail or LogTail(number, b"", 0)
+    return tail or LogTail(number, b"", 0, expired=expired)
 
 
 def _read_tail(path: Path, number: int, tail_bytes: int) -> LogTail | None:

@@ -77,6 +77,22 @@ def test_reports_fill_the_snapshot(api: Api) -> None:
     assert len(entry["result"]["text"]) <= 280 < len(task["result"]["text"]), "list previews are bounded"
 
 
+def test_the_worker_log_tail_over_rest(api: Api) -> None:
+    created = api.create("printing", profile="behave", instructions=steps({"print": "line one"}, {"print": "line two"}))
+    api.wait_state(created["taskId"], "completed")
+    log = api.request("GET", f"/tasks/{created['taskId']}/log").json()
+    assert log == {
+        "taskId": created["taskId"],
+        "attempt": 1,
+        "sizeBytes": 18,
+        "truncated": False,
+        "expired": False,
+        "text": "line one\nline two\n",
+    }
+    tail = api.request("GET", f"/tasks/{created['taskId']}/log?tailBytes=9").json()
+    assert (tail["text"], tail["truncated"]) == ("line two\n", True)
+
+
 def test_harness_is_omitted_when_unknown(api: Api) -> None:
     task = api.wait_state(api.create("plain", profile="exit-at-once")["taskId"], "completed")
     assert "harness" not in task and "harnessModel" not in task

@@ -111,6 +111,7 @@ async def test_get_worker_log_reads_the_latest_attempts_output(harness: Harness)
         await harness.wait(task.task_id, [State.COMPLETED])
         reply = await stub.GetWorkerLog(pb.GetWorkerLogRequest(task_id=task.task_id), timeout=5)
         assert reply.attempt_number == 1 and reply.content == b"hello from the worker\n" and not reply.truncated
+        assert not reply.expired
         tail = await stub.GetWorkerLog(pb.GetWorkerLogRequest(task_id=task.task_id, tail_bytes=6), timeout=5)
         assert (tail.content, tail.size_bytes, tail.truncated) == (b"orker\n", 22, True)
         for bad in (
@@ -223,6 +224,13 @@ async def test_the_scheduler_prunes_a_finished_tasks_log_and_keeps_a_running_one
         pruned = await h.engine.log_retention.prune_once(now)
         assert (pruned.files, pruned.kept_live) == (1, 1)
         assert not finished_log.exists() and running_log.exists()
+        # The tail says a deleted log apart from an empty one once the attempt is past the retention.
+        gone = await h.engine.worker_log(done.task_id, 0, 0)
+        assert (gone.attempt_number, gone.content, gone.expired) == (1, b"", False)  # ended just now (engine clock)
+        h.clock.advance(7 * 86_400_000 + 1)
+        gone = await h.engine.worker_log(done.task_id, 0, 0)
+        assert (gone.attempt_number, gone.content, gone.expired) == (1, b"", True)
+        assert not (await h.engine.worker_log(running.task_id, 0, 0)).expired  # still running: never expired
     finally:
         await h.close()
 

@@ -766,16 +766,18 @@ class GetWorkerLogRequest(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., attempt_number: _Optional[int] = ..., tail_bytes: _Optional[int] = ...) -> None: ...
 
 class GetWorkerLogResponse(_message.Message):
-    __slots__ = ("attempt_number", "content", "size_bytes", "truncated")
+    __slots__ = ("attempt_number", "content", "size_bytes", "truncated", "expired")
     ATTEMPT_NUMBER_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
     attempt_number: int
     content: bytes
     size_bytes: int
     truncated: bool
-    def __init__(self, attempt_number: _Optional[int] = ..., content: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    expired: bool
+    def __init__(self, attempt_number: _Optional[int] = ..., content: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., truncated: _Optional[bool] = ..., expired: _Optional[bool] = ...) -> None: ...
 
 class SpawnTaskRequest(_message.Message):
     __slots__ = ("title", "instructions", "profile", "request_id")
