@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_tasks import cpu_seconds  # noqa: E402
+from bench.stats import cpu_seconds  # noqa: E402
 from gateway_http.create_batches import CreateBatches  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402

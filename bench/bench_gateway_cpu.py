@@ -31,8 +31,8 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_tasks import cpu_seconds, own_cpu_seconds  # noqa: E402
 from bench.lean_http import LeanClient  # noqa: E402
+from bench.stats import cpu_seconds, own_cpu_seconds  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402

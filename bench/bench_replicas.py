@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
 
+from bench.stats import cpu_seconds  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
@@ -32,11 +32,6 @@ from tests.support.procs import client_security  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 
 MAX_RUNNING = 64  # per replica
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def one_round(pg_url: str, replicas: int, n: int) -> tuple[float, float, dict[str, int]]:

@@ -35,10 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lean_http import LeanClient  # noqa: E402
 from bench.stats import (  # noqa: E402
     CpuTimes,
+    children_cpu_seconds,
+    cpu_fields,
+    cpu_seconds,
     create_cost_us,
     data_disk,
     launch_step_means_ms,
     launch_steps,
+    own_cpu_seconds,
     pct,
     store_counters,
 )
@@ -206,31 +210,6 @@ async def main() -> None:
         )
 
 
-def _cpu_fields(stat: Path) -> tuple[float, float, float, float]:
-    """(user, system, waited-for children's user, their system) in seconds from a ``stat`` file
-    of /proc (a process's or one of its threads')."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[13]) / tick, int(fields[14]) / tick
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU a process has used so far (from /proc/<pid>/stat)."""
-    user, system, _, _ = _cpu_fields(Path(f"/proc/{pid}/stat"))
-    return user + system
-
-
-def children_cpu_seconds(pid: int) -> float:
-    """CPU of the process's children it has waited for (the scheduler's: its workers)."""
-    _, _, user, system = _cpu_fields(Path(f"/proc/{pid}/stat"))
-    return user + system
-
-
-def own_cpu_seconds() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
 # The per-process CPU breakdown, in this order; "client" is this process (the load generator).
 CPU_PROCESSES = ("scheduler", "gateway", "notifier", "telemetry", "pending")
 # With the spawn helper (services/scheduler/hold/taskgate-spawn, a child of the scheduler):
@@ -263,7 +242,7 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text().strip()
-            user, system, _, _ = _cpu_fields(task / "stat")
+            user, system, _, _ = cpu_fields(task / "stat")
         except OSError:  # the thread ended meanwhile
             continue
         kind = "loop" if task.name == str(pid) else (name.rstrip("0123456789").rstrip("_-") or name)

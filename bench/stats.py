@@ -148,3 +148,28 @@ def launch_step_means_ms(
         if count > count0:
             means[step] = 1000 * (seconds - seconds0) / (count - count0)
     return means
+
+
+def cpu_fields(stat: Path) -> tuple[float, float, float, float]:
+    """(user, system, waited-for children's user, their system) in seconds from a ``stat`` file
+    of /proc (a process's or one of its threads')."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[13]) / tick, int(fields[14]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (from /proc/<pid>/stat)."""
+    user, system, _, _ = cpu_fields(Path(f"/proc/{pid}/stat"))
+    return user + system
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """CPU of the process's children it has waited for (the scheduler's: its workers)."""
+    _, _, user, system = cpu_fields(Path(f"/proc/{pid}/stat"))
+    return user + system
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
