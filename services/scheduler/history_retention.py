@@ -2,10 +2,10 @@
 are deleted with their events and attempts (``SchedulerStore.prune_finished``).
 
 Off by default (0 keeps every task): deleting a user's history is the operator's choice.
-When set, the scheduler looks once soon after it starts and then hourly, and deletes in
-batches, each its own short transaction with a pause as long after it, so the lifecycle's
-commits go on between them.
-Every replica on one PostgreSQL may run it: a batch skips the rows another one holds.
+When set, the scheduler looks once soon after it starts and then hourly (every tenth of a
+shorter retention), and deletes in batches, each its own short transaction with a pause as
+long after it, so the lifecycle's commits go on between them. Every replica on one
+PostgreSQL may run it: a batch skips the rows another one holds.
 """
 
 from __future__ import annotations
@@ -24,7 +24,14 @@ log = structlog.get_logger("scheduler")
 
 PRUNE_INTERVAL_S = 3600.0
 FIRST_PRUNE_AFTER_S = 60.0  # after start-up's recovery and first launches
+MIN_INTERVAL_S = 1.0
 MIN_PAUSE_S = 0.002
+
+
+def pass_interval_s(retention_ms: int) -> float:
+    """Hourly, or a tenth of a shorter retention (at least a second): a task goes within
+    a tenth of its retention after it is due."""
+    return min(PRUNE_INTERVAL_S, max(MIN_INTERVAL_S, retention_ms / 10_000))
 
 
 @dataclass
@@ -41,12 +48,14 @@ class HistoryRetention:
         self.batch = batch
 
     async def loop(self) -> None:
-        if not self.rt.tasks_cfg.finished_task_retention_ms:
+        retention_ms = self.rt.tasks_cfg.finished_task_retention_ms
+        if not retention_ms:
             return  # 0: every finished task is kept
-        delay = FIRST_PRUNE_AFTER_S
+        interval = pass_interval_s(retention_ms)
+        delay = min(FIRST_PRUNE_AFTER_S, interval)
         while not self.rt.closing:
             await asyncio.sleep(delay)
-            delay = PRUNE_INTERVAL_S
+            delay = interval
             try:
                 await self.prune_once(self.rt.clock.now_ms())
             except Exception:

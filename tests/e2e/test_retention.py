@@ -1,0 +1,60 @@
+"""Finished-task retention across the real processes: the scheduler deletes a task past
+``[tasks] finished_task_retention_ms`` (REST then answers 404), the report the notifier made
+of it stays in the conversation, and the newest task stays."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.conftest import AGENT, SESSION, Api, add_member, create_key
+from tests.support.stack import Stack, make_stack
+
+RETENTION_MS = 3000  # the scheduler then looks every second (a tenth, at least 1 s)
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    stack: Stack = make_stack(tmp_path_factory.mktemp("retention"))
+    stack.env["TASKGATE_TASKS_FINISHED_TASK_RETENTION_MS"] = str(RETENTION_MS)
+    try:
+        stack.start()
+    except Exception:
+        print(stack.logs())
+        stack.stop()
+        raise
+    try:
+        key = create_key(stack, "alice", AGENT)
+        add_member(stack, AGENT, SESSION, "alice")
+        yield Api(stack, key)
+    finally:
+        stack.stop()
+
+
+def test_a_task_past_the_retention_is_deleted_and_its_report_stays(api: Api) -> None:
+    old = api.create("old", profile="behave", instructions='[{"result": {"text": "old result"}}]')
+    api.wait_state(old["taskId"], "completed")
+    finished_at = time.monotonic()
+    deadline = finished_at + 30
+    while not [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]:
+        assert time.monotonic() < deadline, "the notifier never reported the task"
+        time.sleep(0.1)
+    assert api.request("GET", f"/tasks/{old['taskId']}").status_code == 200  # not yet past the retention
+
+    # A newer task: its events are then the log's newest, which retention never deletes.
+    new = api.create("new", profile="behave", instructions='[{"result": {"text": "new result"}}]')
+    api.wait_state(new["taskId"], "completed")
+    while (gone := api.request("GET", f"/tasks/{old['taskId']}")).status_code == 200:
+        assert time.monotonic() < deadline, "the finished task was never deleted"
+        time.sleep(0.2)
+    assert time.monotonic() - finished_at >= RETENTION_MS / 1000 - 0.5  # not before its time (clock slack)
+    assert gone.status_code == 404 and gone.json()["error"] == "TASK_NOT_FOUND"
+    listed = api.request("GET", "/tasks?all=true").json()
+    assert [t["taskId"] for t in listed["tasks"]] == [new["taskId"]]
+    assert api.get(new["taskId"])["state"] == "completed"
+    # The notifier's record of the deleted task is its own: the conversation keeps the report.
+    reports = [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]
+    assert any("old result" in m["text"] for m in reports), reports
+    assert "finished_tasks_pruned" in api.stack.logs()
