@@ -296,6 +296,10 @@ class NotifierSettings(_Frozen):
     # Activity frames kept per conversation for Last-Event-ID resume, and for how long.
     activity_retention_frames: int = Field(1000, ge=1)
     activity_retention_ms: int = Field(86_400_000, ge=1000)
+    # Notifications done with (delivered; stopped and taken up by the conversation's next
+    # user message) are deleted with their delivery attempts this long after they were made;
+    # checked hourly. 0 (the default) keeps them all. The conversation's messages stay.
+    notification_retention_ms: int = Field(0, ge=0)
     # Base of a question reminder's cooldown: 1x, 3x, then 6x for later reminders.
     question_reminder_ms: int = Field(600_000, ge=1)
     # How long a snooze defers a question's reminders (one hour).

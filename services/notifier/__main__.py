@@ -17,6 +17,7 @@ from libs.settings import Settings
 from libs.startup import StopSignal, boot, migrate
 from services.notifier.activity import ActivityHub
 from services.notifier.delivery import Deliverer
+from services.notifier.retention import NotificationRetention
 from services.notifier.scheduler_link import EventLogFollower, SchedulerSessionTasks
 from services.notifier.servicer import NotifierServicer
 from services.notifier.store import MIGRATIONS, NotifierStore
@@ -59,6 +60,7 @@ async def main() -> None:
         snooze_ms=settings.notifier.question_snooze_ms,
     )
     follower = EventLogFollower(scheduler, servicer, store)
+    retention = NotificationRetention(store, settings.notifier.notification_retention_ms, clock)
     loops: list[asyncio.Task[None]] = []
 
     async def started() -> None:
@@ -67,6 +69,7 @@ async def main() -> None:
                 asyncio.create_task(follower.run(), name="event-log-follower"),
                 asyncio.create_task(deliverer.run(), name="delivery"),
                 asyncio.create_task(prune_loop(store, settings, clock), name="activity-prune"),
+                asyncio.create_task(retention.loop(), name="notification-retention"),
             ]
         )
 

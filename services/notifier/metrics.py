@@ -22,6 +22,10 @@ DELIVERY_SECONDS = Histogram(
     "One delivery attempt: the channel's answer (or error) and recording the outcome",
     buckets=LATENCY_BUCKETS,
 )
+NOTIFICATIONS_PRUNED = Counter(
+    "taskgate_notifier_notifications_pruned_total",
+    "Notifications done with, deleted with their delivery attempts by [notifier] notification_retention_ms",
+)
 EVENT_LOG_EVENTS = Counter(
     "taskgate_notifier_event_log_events_total", "Scheduler event-log events applied (committed) by the notifier"
 )

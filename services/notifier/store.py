@@ -13,7 +13,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, Connection, bindparam, delete, func, insert, text, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    or_,
+    text,
+    update,
+)
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from libs.db import Database, Migration, lock_key
@@ -664,6 +676,30 @@ def _message_values(n: Notification, message_id: str) -> dict[str, Any]:
     }
 
 
+# Notification retention (``prune_notifications``, hourly): done with and made before the
+# cutoff, in no order (a batch needs no sort of the whole backlog); FOR UPDATE SKIP LOCKED on
+# PostgreSQL, where several notifiers' passes may meet.
+PRUNE_BATCH = 100
+_PRUNE_NOTIFICATIONS = (
+    select(NotificationRow.notification_id)
+    .where(
+        col(NotificationRow.created_at) < bindparam("cutoff"),
+        or_(
+            col(NotificationRow.state) == State.DELIVERED.value,
+            and_(col(NotificationRow.state) == State.STOPPED.value, col(NotificationRow.consumed_at).is_not(None)),
+        ),
+    )
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+
+
+@dataclass(frozen=True)
+class NotificationsPruned:
+    notifications: int
+    attempts: int
+
+
 class NotifierStore:
     def __init__(self, db: Database, retention_frames: int = 1000) -> None:
         self.db = db
@@ -1050,6 +1086,24 @@ class NotifierStore:
                 .limit(limit)
             ).all()
             return [Frame.from_row(r) for r in rows]
+
+        return await self.db.run(work)
+
+    async def prune_notifications(self, cutoff: int, limit: int = PRUNE_BATCH) -> NotificationsPruned:
+        """Delete up to ``limit`` notifications made before ``cutoff`` (ms) that are done with —
+        delivered, or stopped and taken up by a user message (a stopped one not yet taken up
+        is the conversation's next pending update) — with their delivery attempts, in one
+        transaction. The conversation's messages stay (their ``notificationId`` then names a
+        notification that is gone)."""
+
+        def work(s: Session) -> NotificationsPruned:
+            conn = s.connection()
+            ids = [r[0] for r in conn.execute(_PRUNE_NOTIFICATIONS, {"cutoff": cutoff, "limit": limit})]
+            if not ids:
+                return NotificationsPruned(0, 0)
+            attempts = conn.execute(delete(AttemptRow).where(col(AttemptRow.notification_id).in_(ids))).rowcount
+            notes = conn.execute(delete(NotificationRow).where(col(NotificationRow.notification_id).in_(ids))).rowcount
+            return NotificationsPruned(notes, attempts)
 
         return await self.db.run(work)
 

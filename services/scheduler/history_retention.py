@@ -3,9 +3,9 @@ are deleted with their events and attempts (``SchedulerStore.prune_finished``).
 
 Off by default (0 keeps every task): deleting a user's history is the operator's choice.
 When set, the scheduler looks once soon after it starts and then hourly (every tenth of a
-shorter retention), and deletes in batches, each its own short transaction with a pause as
-long after it, so the lifecycle's commits go on between them. Every replica on one
-PostgreSQL may run it: a batch skips the rows another one holds.
+shorter retention), and deletes in batches (``libs.retention``) so the lifecycle's commits
+go on between them. Every replica on one PostgreSQL may run it: a batch skips the rows
+another one holds.
 """
 
 from __future__ import annotations
@@ -16,22 +16,14 @@ from dataclasses import dataclass
 
 import structlog
 
+from libs.retention import in_batches, pass_interval_s
 from services.scheduler.metrics import TASKS_PRUNED
 from services.scheduler.runtime import Runtime
 from services.scheduler.store import PRUNE_BATCH
 
 log = structlog.get_logger("scheduler")
 
-PRUNE_INTERVAL_S = 3600.0
 FIRST_PRUNE_AFTER_S = 60.0  # after start-up's recovery and first launches
-MIN_INTERVAL_S = 1.0
-MIN_PAUSE_S = 0.002
-
-
-def pass_interval_s(retention_ms: int) -> float:
-    """Hourly, or a tenth of a shorter retention (at least a second): a task goes within
-    a tenth of its retention after it is due."""
-    return min(PRUNE_INTERVAL_S, max(MIN_INTERVAL_S, retention_ms / 10_000))
 
 
 @dataclass
@@ -68,21 +60,17 @@ class HistoryRetention:
         rt = self.rt
         cutoff = now_ms - rt.tasks_cfg.finished_task_retention_ms
         began = time.perf_counter()
-        total = HistoryPruned()
-        while not rt.closing:
-            batch_began = time.perf_counter()
-            pruned = await rt.store.prune_finished(cutoff, self.batch)
-            if not pruned.tasks:
-                break
-            # As long again before the next batch: the lifecycle's commits, which wait for the
-            # database thread while a batch holds it, get at least half of it during a pass.
-            await asyncio.sleep(max(MIN_PAUSE_S, time.perf_counter() - batch_began))
-            total.tasks += pruned.tasks
-            total.events += pruned.events
-            total.attempts += pruned.attempts
-            total.batches += 1
-            TASKS_PRUNED.inc(pruned.tasks)
+        batches = await in_batches(
+            lambda: rt.store.prune_finished(cutoff, self.batch), lambda pruned: pruned.tasks, lambda: rt.closing
+        )
+        total = HistoryPruned(
+            tasks=sum(b.tasks for b in batches),
+            events=sum(b.events for b in batches),
+            attempts=sum(b.attempts for b in batches),
+            batches=len(batches),
+        )
         if total.tasks:
+            TASKS_PRUNED.inc(total.tasks)
             log.info(
                 "finished_tasks_pruned",
                 tasks=total.tasks,

@@ -1,5 +1,7 @@
-"""Finished-task retention (``SchedulerStore.prune_finished``, ``HistoryRetention``) on
-SQLite and PostgreSQL: what goes, what stays, and that the event log's ids never go back."""
+"""History retention on SQLite and PostgreSQL: the scheduler's finished tasks
+(``SchedulerStore.prune_finished``, ``HistoryRetention``) — what goes, what stays, and that the
+event log's ids never go back — and the notifier's notifications (``prune_notifications``,
+``NotificationRetention``)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,16 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import text
 
+from libs.clock import SystemClock
 from libs.db import Database
+from libs.retention import pass_interval_s
+from services.notifier.domain import Attempt as DeliveryAttempt
+from services.notifier.domain import Backoff, Kind, Message, Notification
+from services.notifier.retention import NotificationRetention, NotificationsPrunedTotal
+from services.notifier.store import MIGRATIONS as NOTIFIER_MIGRATIONS
+from services.notifier.store import NotificationsPruned, NotifierStore
 from services.scheduler.domain import Attempt, State, Task, TaskNotFound
-from services.scheduler.history_retention import HistoryPruned, HistoryRetention, pass_interval_s
+from services.scheduler.history_retention import HistoryPruned, HistoryRetention
 from services.scheduler.store import MIGRATIONS, PrunedTasks, SchedulerStore
 from tests.unit.persistence.test_stores import make_task
 
@@ -165,3 +174,77 @@ def test_a_pass_comes_hourly_or_every_tenth_of_a_shorter_retention() -> None:
     assert pass_interval_s(30 * 86_400_000) == 3600.0
     assert pass_interval_s(100_000) == 10.0
     assert pass_interval_s(3000) == 1.0  # at least a second apart
+
+
+# --- the notifier's notifications ---------------------------------------------------------
+
+
+def note(n: int, created_at: int, channel: str | None = "hook") -> Notification:
+    return Notification(
+        notification_id=tid(n),
+        agent_id="a",
+        session_id="s",
+        kind=Kind.TASK_COMPLETED,
+        task_id=tid(100 + n),
+        text=f"task {n} done",
+        created_at=created_at,
+        channel=channel,
+        key=f"task-{n}:completed",
+    )
+
+
+async def test_notifications_done_with_go_with_their_attempts_and_the_conversation_keeps_its_messages(
+    db_url: str,
+) -> None:
+    db = Database(db_url, NOTIFIER_MIGRATIONS)
+    db.migrate()
+    try:
+        store = NotifierStore(db)
+        backoff = Backoff(initial_ms=10, max_ms=10)
+        failed, delivered = (
+            DeliveryAttempt(at=1100, outcome=o, http_status=c) for o, c in (("failed", 500), ("delivered", 200))
+        )
+        await store.enqueue(note(1, 1000, channel=None), tid(201))  # no channel: delivered to the conversation at once
+        await store.enqueue(note(2, 1000), tid(202))  # still being retried: kept
+        await store.record_attempt(tid(2), failed, backoff)
+        await store.enqueue(note(3, 1000), tid(203))  # delivered on its second attempt
+        await store.record_attempt(tid(3), failed, backoff)
+        await store.record_attempt(tid(3), delivered, backoff)
+        await store.enqueue(note(4, 1000), tid(204))  # stopped: the next user message takes it up
+        await store.stop("a", "s", tid(4))
+        await store.enqueue(note(5, CUTOFF + 1, channel=None), tid(205))  # delivered, but recent
+
+        assert await store.prune_notifications(CUTOFF) == NotificationsPruned(notifications=2, attempts=2)
+        _, left = await store.list_notifications("a", "s", None, 0, 10)
+        assert sorted(n.notification_id for n in left) == [tid(2), tid(4), tid(5)]
+        assert count(db, "delivery_attempts") == 1  # the pending one's
+
+        await store.add_user_message(
+            Message(message_id=tid(300), agent_id="a", session_id="s", role="user", text="and?", created_at=2000)
+        )
+        assert await store.prune_notifications(CUTOFF) == NotificationsPruned(notifications=1, attempts=0)
+        _, left = await store.list_notifications("a", "s", None, 0, 10)
+        assert sorted(n.notification_id for n in left) == [tid(2), tid(5)]
+        # The conversation's history keeps every report it showed.
+        _, messages = await store.list_messages("a", "s", 0, 100)
+        assert {m.notification_id for m in messages if m.role == "notification"} >= {tid(1), tid(3), tid(4)}
+    finally:
+        db.close()
+
+
+async def test_a_notification_pass_deletes_batch_after_batch(db_url: str) -> None:
+    db = Database(db_url, NOTIFIER_MIGRATIONS)
+    db.migrate()
+    try:
+        store = NotifierStore(db)
+        for n in range(1, 8):
+            await store.enqueue(note(n, 1000 + n, channel=None), tid(200 + n))
+        day = 86_400_000
+        retention = NotificationRetention(store, retention_ms=day, clock=SystemClock(), batch=3)
+        assert await retention.prune_once(day + 1003) == NotificationsPrunedTotal(
+            notifications=2, attempts=0, batches=1
+        )
+        assert await retention.prune_once(2 * day) == NotificationsPrunedTotal(notifications=5, attempts=0, batches=2)
+        assert count(db, "notifications") == 0
+    finally:
+        db.close()

@@ -1,0 +1,39 @@
+"""Deleting old history in short batches (the scheduler's finished tasks, the notifier's
+finished notifications): each batch is its own transaction, and a pause as long as the batch
+took follows it, so the service's own commits, which wait for the database while a batch
+holds it, get at least half of it during a pass."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+B = TypeVar("B")
+
+MIN_PAUSE_S = 0.002
+PASS_INTERVAL_S = 3600.0
+MIN_INTERVAL_S = 1.0
+
+
+def pass_interval_s(retention_ms: int) -> float:
+    """Hourly, or a tenth of a shorter retention (at least a second): a row goes within a
+    tenth of its retention after it is due."""
+    return min(PASS_INTERVAL_S, max(MIN_INTERVAL_S, retention_ms / 10_000))
+
+
+async def in_batches(
+    batch: Callable[[], Awaitable[B]], deleted: Callable[[B], int], stop: Callable[[], bool]
+) -> list[B]:
+    """Run ``batch`` until one deletes nothing (or ``stop``), pausing after each as long as it
+    took. Returns the batches that deleted something."""
+    done: list[B] = []
+    while not stop():
+        began = time.perf_counter()
+        result = await batch()
+        if not deleted(result):
+            break
+        done.append(result)
+        await asyncio.sleep(max(MIN_PAUSE_S, time.perf_counter() - began))
+    return done
