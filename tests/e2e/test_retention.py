@@ -1,6 +1,7 @@
-"""Finished-task retention across the real processes: the scheduler deletes a task past
-``[tasks] finished_task_retention_ms`` (REST then answers 404), the report the notifier made
-of it stays in the conversation, and the newest task stays."""
+"""History retention across the real processes: the scheduler deletes a task past
+``[tasks] finished_task_retention_ms`` (REST then answers 404) and the newest task stays; the
+notifier deletes the delivered report past ``[notifier] notification_retention_ms``, and the
+conversation keeps the report's message."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ RETENTION_MS = 3000  # the scheduler then looks every second (a tenth, at least 
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     stack: Stack = make_stack(tmp_path_factory.mktemp("retention"))
     stack.env["TASKGATE_TASKS_FINISHED_TASK_RETENTION_MS"] = str(RETENTION_MS)
+    stack.env["TASKGATE_NOTIFIER_NOTIFICATION_RETENTION_MS"] = str(RETENTION_MS)
     try:
         stack.start()
     except Exception:
@@ -33,7 +35,12 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
         stack.stop()
 
 
-def test_a_task_past_the_retention_is_deleted_and_its_report_stays(api: Api) -> None:
+def reported(api: Api, task_id: str) -> list[dict[str, object]]:
+    notes = api.request("GET", "/notifications").json()["notifications"]
+    return [n for n in notes if n.get("taskId") == task_id]
+
+
+def test_a_task_and_its_notification_past_the_retention_are_deleted_and_its_message_stays(api: Api) -> None:
     old = api.create("old", profile="behave", instructions='[{"result": {"text": "old result"}}]')
     api.wait_state(old["taskId"], "completed")
     finished_at = time.monotonic()
@@ -42,6 +49,7 @@ def test_a_task_past_the_retention_is_deleted_and_its_report_stays(api: Api) -> 
         assert time.monotonic() < deadline, "the notifier never reported the task"
         time.sleep(0.1)
     assert api.request("GET", f"/tasks/{old['taskId']}").status_code == 200  # not yet past the retention
+    assert [n["state"] for n in reported(api, old["taskId"])] == ["delivered"]  # to the conversation (no channel)
 
     # A newer task: its events are then the log's newest, which retention never deletes.
     new = api.create("new", profile="behave", instructions='[{"result": {"text": "new result"}}]')
@@ -54,7 +62,11 @@ def test_a_task_past_the_retention_is_deleted_and_its_report_stays(api: Api) -> 
     listed = api.request("GET", "/tasks?all=true").json()
     assert [t["taskId"] for t in listed["tasks"]] == [new["taskId"]]
     assert api.get(new["taskId"])["state"] == "completed"
-    # The notifier's record of the deleted task is its own: the conversation keeps the report.
+    while reported(api, old["taskId"]):
+        assert time.monotonic() < deadline, "the delivered notification was never deleted"
+        time.sleep(0.2)
+    # The conversation keeps the report's message, task and notification gone.
     reports = [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]
     assert any("old result" in m["text"] for m in reports), reports
-    assert "finished_tasks_pruned" in api.stack.logs()
+    logs = api.stack.logs()
+    assert "finished_tasks_pruned" in logs and "notifications_pruned" in logs
