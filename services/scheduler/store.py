@@ -341,7 +341,7 @@ def _events_with_tasks(after: ColumnElement[bool]) -> Any:
 # compiled form cannot expand IN lists): finished tasks before a cutoff, by the state index,
 # in no order (a batch needs no sort of the whole backlog). FOR UPDATE SKIP LOCKED on
 # PostgreSQL: a replica pruning at the same time takes other rows.
-PRUNE_BATCH = 100  # ≈ 4 ms of the database thread on SQLite (bench/bench_history_retention.py)
+PRUNE_BATCH = 100  # ≈ 7 ms of the database thread on SQLite (bench/bench_history_retention.py, a fast spell)
 _CHILD = TASKS.alias("child")
 
 
