@@ -86,6 +86,10 @@ def create_app(settings: Settings, store: GatewayStore) -> FastAPI:
         max_body_size=settings.max_body_bytes,
         # One schema per model: optional response fields are omitted, not required-and-null.
         separate_input_output_schemas=False,
+        # The gateway's metrics are Prometheus (/metrics) and nothing here sets up OpenTelemetry,
+        # yet FastAPI's native hooks asked for OTel's tracer, meter and logger providers on every
+        # request (6.4 µs each in a loop here; 2.8 % of the gateway's samples in the throughput run).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.store = store
