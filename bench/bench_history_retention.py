@@ -19,8 +19,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -107,6 +110,7 @@ def notification(i: int, at: int) -> Notification:
 
 
 async def enqueues(store: NotifierStore, first: int, stop: asyncio.Event) -> list[float]:
+    """Enqueue latencies (ms), one notification after another until ``stop``."""
     times = []
     i = first
     while not stop.is_set():
@@ -115,6 +119,89 @@ async def enqueues(store: NotifierStore, first: int, stop: asyncio.Event) -> lis
         times.append((time.perf_counter() - t0) * 1000)
         i += 1
     return times
+
+
+@dataclass
+class Measured:
+    pruned: Any  # the pass's totals (HistoryPruned, NotificationsPrunedTotal)
+    seconds: float
+    batches: list[float]  # each batch's wall ms
+    idle: list[float]  # the concurrent work's latencies (ms) just before the pass
+    during: list[float]  # and during it
+
+
+async def measured_pass(
+    store: Any,
+    prune_name: str,
+    run_pass: Callable[[], Awaitable[Any]],
+    work: Callable[[int, asyncio.Event], Awaitable[list[float]]],
+) -> Measured:
+    """``work`` alone for 2 s, then one pass with ``work`` beside it; each batch (the store's
+    ``prune_name`` call) timed."""
+    stop = asyncio.Event()
+    idle_loop = asyncio.ensure_future(work(10_000_000, stop))
+    await asyncio.sleep(2.0)
+    stop.set()
+    idle = await idle_loop
+    batches: list[float] = []
+    prune = getattr(store, prune_name)
+
+    async def timed(cutoff: int, limit: int) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await prune(cutoff, limit)
+        finally:
+            batches.append((time.perf_counter() - t0) * 1000)
+
+    setattr(store, prune_name, timed)
+    stop = asyncio.Event()
+    busy_loop = asyncio.ensure_future(work(20_000_000, stop))
+    t0 = time.perf_counter()
+    pruned = await run_pass()
+    seconds = time.perf_counter() - t0
+    stop.set()
+    return Measured(pruned, seconds, batches, idle, await busy_loop)
+
+
+def p(values: list[float], q: float) -> float:
+    return sorted(values)[min(len(values) - 1, int(q * len(values)))]
+
+
+def latencies(what: str, m: Measured) -> str:
+    return (
+        f"  {what} meanwhile: p50 {p(m.during, 0.5):.2f} ms, p99 {p(m.during, 0.99):.2f} ms ({len(m.during)}); "
+        f"idle just before: p50 {p(m.idle, 0.5):.2f} ms, p99 {p(m.idle, 0.99):.2f} ms ({len(m.idle)})"
+    )
+
+
+def batch_figures(m: Measured) -> str:
+    return f"{m.pruned.batches} batches, p50 {statistics.median(m.batches):.1f} ms, longest {max(m.batches):.1f} ms"
+
+
+async def scheduler_pass(tmp: Path) -> None:
+    db = Database(f"sqlite:///{tmp / 'scheduler.db'}", MIGRATIONS)
+    db.migrate()
+    store = SchedulerStore(db)
+    store.may_have_asked = lambda t: False  # no question-close rows: every finished task is prunable
+    await fill(store)
+    size_before = (tmp / "scheduler.db").stat().st_size
+    rt = SimpleNamespace(store=store, closing=False, tasks_cfg=SimpleNamespace(finished_task_retention_ms=RETENTION_MS))
+    retention = HistoryRetention(rt, batch=PRUNE_BATCH)  # type: ignore[arg-type]
+    m = await measured_pass(
+        store, "prune_finished", lambda: retention.prune_once(NOW_MS), lambda first, stop: creates(store, first, stop)
+    )
+    db.close()
+    assert m.pruned.tasks == TASKS, m.pruned
+    print(
+        f"finished-task retention, SQLite, {TASKS:,} finished tasks (each an attempt and 2 events) among "
+        f"{UNFINISHED} unfinished, batches of {PRUNE_BATCH}:"
+    )
+    print(
+        f"  pass: {m.pruned.tasks:,} tasks, {m.pruned.events:,} events, {m.pruned.attempts:,} attempts in "
+        f"{m.seconds:.2f} s ({m.pruned.tasks / m.seconds:,.0f} tasks/s); {batch_figures(m)}; database file "
+        f"{size_before / 2**20:.1f} MiB before (SQLite keeps the freed pages for reuse)"
+    )
+    print(latencies("a create", m))
 
 
 async def notifier_pass(tmp: Path) -> None:
@@ -127,108 +214,28 @@ async def notifier_pass(tmp: Path) -> None:
         chunk = range(start, min(count, start + 200))
         await asyncio.gather(*(store.enqueue(notification(i, DAY_MS + i), f"{i:032x}") for i in chunk))
     print(f"  filled {count:,} delivered notifications in {time.perf_counter() - began:.1f} s", flush=True)
-    stop = asyncio.Event()
-    idle_loop = asyncio.create_task(enqueues(store, 10_000_000, stop))
-    await asyncio.sleep(2.0)
-    stop.set()
-    idle = await idle_loop
     retention = NotificationRetention(store, RETENTION_MS, SystemClock())
-    batches: list[float] = []
-    prune = store.prune_notifications
-
-    async def timed(cutoff: int, limit: int):  # type: ignore[no-untyped-def]
-        t0 = time.perf_counter()
-        try:
-            return await prune(cutoff, limit)
-        finally:
-            batches.append((time.perf_counter() - t0) * 1000)
-
-    store.prune_notifications = timed  # type: ignore[method-assign]
-    stop = asyncio.Event()
-    busy_loop = asyncio.create_task(enqueues(store, 20_000_000, stop))
-    t0 = time.perf_counter()
-    pruned = await retention.prune_once(NOW_MS)
-    seconds = time.perf_counter() - t0
-    stop.set()
-    during = await busy_loop
+    m = await measured_pass(
+        store,
+        "prune_notifications",
+        lambda: retention.prune_once(NOW_MS),
+        lambda first, stop: enqueues(store, first, stop),
+    )
     db.close()
-    assert pruned.notifications == count, pruned
+    assert m.pruned.notifications == count, m.pruned
     print(f"notification retention, SQLite, {count:,} delivered notifications (each a conversation message, kept):")
     print(
-        f"  pass: {pruned.notifications:,} notifications in {seconds:.2f} s ({pruned.notifications / seconds:,.0f}/s); "
-        f"{pruned.batches} batches, p50 {statistics.median(batches):.1f} ms, longest {max(batches):.1f} ms"
+        f"  pass: {m.pruned.notifications:,} notifications in {m.seconds:.2f} s "
+        f"({m.pruned.notifications / m.seconds:,.0f}/s); {batch_figures(m)}"
     )
-    print(
-        f"  an enqueue meanwhile: p50 {p(during, 0.5):.2f} ms, p99 {p(during, 0.99):.2f} ms ({len(during)}); "
-        f"idle just before: p50 {p(idle, 0.5):.2f} ms, p99 {p(idle, 0.99):.2f} ms ({len(idle)})"
-    )
-
-
-def p(values: list[float], q: float) -> float:
-    return sorted(values)[min(len(values) - 1, int(q * len(values)))]
+    print(latencies("an enqueue", m))
 
 
 async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        db = Database(f"sqlite:///{Path(tmp) / 'scheduler.db'}", MIGRATIONS)
-        db.migrate()
-        store = SchedulerStore(db)
-        store.may_have_asked = lambda t: False  # no question-close rows: every finished task is prunable
-        await fill(store)
-        size_before = (Path(tmp) / "scheduler.db").stat().st_size
-
-        stop = asyncio.Event()
-        idle_loop = asyncio.create_task(creates(store, 10_000_000, stop))
-        await asyncio.sleep(2.0)
-        stop.set()
-        idle = await idle_loop
-
-        rt = SimpleNamespace(
-            store=store, closing=False, tasks_cfg=SimpleNamespace(finished_task_retention_ms=RETENTION_MS)
-        )
-        retention = HistoryRetention(rt, batch=PRUNE_BATCH)  # type: ignore[arg-type]
-        batches: list[float] = []
-        prune = store.prune_finished
-
-        async def timed(cutoff: int, limit: int):  # type: ignore[no-untyped-def]
-            t0 = time.perf_counter()
-            try:
-                return await prune(cutoff, limit)
-            finally:
-                batches.append((time.perf_counter() - t0) * 1000)
-
-        store.prune_finished = timed  # type: ignore[method-assign]
-        stop = asyncio.Event()
-        busy_loop = asyncio.create_task(creates(store, 20_000_000, stop))
-        t0 = time.perf_counter()
-        pruned = await retention.prune_once(NOW_MS)
-        seconds = time.perf_counter() - t0
-        stop.set()
-        during = await busy_loop
-        db.close()
-        report_tasks(pruned, seconds, batches, size_before, during, idle)
+        await scheduler_pass(Path(tmp))
         await notifier_pass(Path(tmp))
     print(f"  (reproduce: .venv/bin/python bench/bench_history_retention.py {TASKS})")
-
-
-def report_tasks(  # type: ignore[no-untyped-def]
-    pruned, seconds: float, batches: list[float], size_before: int, during: list[float], idle: list[float]
-) -> None:
-    assert pruned.tasks == TASKS, pruned
-    print(
-        f"finished-task retention, SQLite, {TASKS:,} finished tasks (each an attempt and 2 events) among "
-        f"{UNFINISHED} unfinished, batches of {PRUNE_BATCH}:"
-    )
-    print(
-        f"  pass: {pruned.tasks:,} tasks, {pruned.events:,} events, {pruned.attempts:,} attempts in {seconds:.2f} s "
-        f"({pruned.tasks / seconds:,.0f} tasks/s); {pruned.batches} batches, p50 {statistics.median(batches):.1f} ms, "
-        f"longest {max(batches):.1f} ms; database file {size_before / 2**20:.1f} MiB before "
-        "(SQLite keeps the freed pages for reuse)"
-    )
-    print(
-        f"  a create meanwhile: p50 {p(during, 0.5):.2f} ms, p99 {p(during, 0.99):.2f} ms ({len(during)} creates); "
-        f"idle just before: p50 {p(idle, 0.5):.2f} ms, p99 {p(idle, 0.99):.2f} ms ({len(idle)} creates)"
-    )
 
 
 if __name__ == "__main__":

@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import structlog
 
 B = TypeVar("B")
 
 MIN_PAUSE_S = 0.002
 PASS_INTERVAL_S = 3600.0
 MIN_INTERVAL_S = 1.0
+FIRST_PASS_AFTER_S = 60.0  # after the service's start-up work
 
 
 def pass_interval_s(retention_ms: int) -> float:
@@ -37,3 +40,27 @@ async def in_batches(
         done.append(result)
         await asyncio.sleep(max(MIN_PAUSE_S, time.perf_counter() - began))
     return done
+
+
+async def run_passes(
+    retention_ms: int,
+    prune_once: Callable[[int], Awaitable[Any]],
+    now_ms: Callable[[], int],
+    stop: Callable[[], bool],
+    log: structlog.typing.FilteringBoundLogger,
+    failure_event: str,
+) -> None:
+    """A pass soon after start-up and then every ``pass_interval_s`` until ``stop`` (or the
+    task is cancelled); a pass that fails is logged and the next one comes as planned.
+    ``retention_ms`` 0: nothing is ever deleted, no pass runs."""
+    if not retention_ms:
+        return
+    interval = pass_interval_s(retention_ms)
+    delay = min(FIRST_PASS_AFTER_S, interval)
+    while not stop():
+        await asyncio.sleep(delay)
+        delay = interval
+        try:
+            await prune_once(now_ms())
+        except Exception:
+            log.exception(failure_event)

@@ -8,7 +8,6 @@ activity stream has its own bounds (``activity_retention_*``).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,13 +15,11 @@ from dataclasses import dataclass
 import structlog
 
 from libs.clock import Clock
-from libs.retention import in_batches, pass_interval_s
+from libs.retention import in_batches, run_passes
 from services.notifier.metrics import NOTIFICATIONS_PRUNED
 from services.notifier.store import PRUNE_BATCH, NotifierStore
 
 log = structlog.get_logger("notifier")
-
-FIRST_PRUNE_AFTER_S = 60.0
 
 
 @dataclass
@@ -48,17 +45,9 @@ class NotificationRetention:
         self.batch = batch
 
     async def loop(self) -> None:
-        if not self.retention_ms:
-            return  # 0: every notification is kept
-        interval = pass_interval_s(self.retention_ms)
-        delay = min(FIRST_PRUNE_AFTER_S, interval)
-        while not self.stop():
-            await asyncio.sleep(delay)
-            delay = interval
-            try:
-                await self.prune_once(self.clock.now_ms())
-            except Exception:
-                log.exception("notification_prune_failed")
+        await run_passes(
+            self.retention_ms, self.prune_once, self.clock.now_ms, self.stop, log, "notification_prune_failed"
+        )
 
     async def prune_once(self, now_ms: int) -> NotificationsPrunedTotal:
         cutoff = now_ms - self.retention_ms

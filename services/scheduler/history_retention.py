@@ -10,20 +10,17 @@ another one holds.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
 import structlog
 
-from libs.retention import in_batches, pass_interval_s
+from libs.retention import in_batches, run_passes
 from services.scheduler.metrics import TASKS_PRUNED
 from services.scheduler.runtime import Runtime
 from services.scheduler.store import PRUNE_BATCH
 
 log = structlog.get_logger("scheduler")
-
-FIRST_PRUNE_AFTER_S = 60.0  # after start-up's recovery and first launches
 
 
 @dataclass
@@ -40,18 +37,15 @@ class HistoryRetention:
         self.batch = batch
 
     async def loop(self) -> None:
-        retention_ms = self.rt.tasks_cfg.finished_task_retention_ms
-        if not retention_ms:
-            return  # 0: every finished task is kept
-        interval = pass_interval_s(retention_ms)
-        delay = min(FIRST_PRUNE_AFTER_S, interval)
-        while not self.rt.closing:
-            await asyncio.sleep(delay)
-            delay = interval
-            try:
-                await self.prune_once(self.rt.clock.now_ms())
-            except Exception:
-                log.exception("finished_task_prune_failed")
+        rt = self.rt
+        await run_passes(
+            rt.tasks_cfg.finished_task_retention_ms,
+            self.prune_once,
+            rt.clock.now_ms,
+            lambda: rt.closing,
+            log,
+            "finished_task_prune_failed",
+        )
 
     async def prune_once(self, now_ms: int) -> HistoryPruned:
         """Delete, batch after batch, the tasks that finished before ``now_ms`` less the

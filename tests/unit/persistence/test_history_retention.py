@@ -13,7 +13,6 @@ from sqlalchemy import text
 
 from libs.clock import SystemClock
 from libs.db import Database
-from libs.retention import pass_interval_s
 from services.notifier.domain import Attempt as DeliveryAttempt
 from services.notifier.domain import Backoff, Kind, Message, Notification
 from services.notifier.retention import NotificationRetention, NotificationsPrunedTotal
@@ -168,12 +167,6 @@ async def test_a_pass_deletes_batch_after_batch_at_the_configured_age(scheduler_
     assert set(await store.find_tasks([tid(n) for n in (1, 12, 20)])) == {tid(20)}
     # A day later the last one is past the retention too, but it holds the log's newest event.
     assert (await retention.prune_once(4 * day + 1)).tasks == 0
-
-
-def test_a_pass_comes_hourly_or_every_tenth_of_a_shorter_retention() -> None:
-    assert pass_interval_s(30 * 86_400_000) == 3600.0
-    assert pass_interval_s(100_000) == 10.0
-    assert pass_interval_s(3000) == 1.0  # at least a second apart
 
 
 # --- the notifier's notifications ---------------------------------------------------------
