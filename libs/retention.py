@@ -26,16 +26,14 @@ def pass_interval_s(retention_ms: int) -> float:
     return min(PASS_INTERVAL_S, max(MIN_INTERVAL_S, retention_ms / 10_000))
 
 
-async def in_batches(
-    batch: Callable[[], Awaitable[B]], deleted: Callable[[B], int], stop: Callable[[], bool]
-) -> list[B]:
-    """Run ``batch`` until one deletes nothing (or ``stop``), pausing after each as long as it
-    took. Returns the batches that deleted something."""
+async def in_batches(batch: Callable[[], Awaitable[B]], found: Callable[[B], int], stop: Callable[[], bool]) -> list[B]:
+    """Run ``batch`` until one finds nothing to look at (or ``stop``), pausing after each as
+    long as it took. Returns the batches that found something."""
     done: list[B] = []
     while not stop():
         began = time.perf_counter()
         result = await batch()
-        if not deleted(result):
+        if not found(result):
             break
         done.append(result)
         await asyncio.sleep(max(MIN_PAUSE_S, time.perf_counter() - began))

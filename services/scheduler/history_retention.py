@@ -18,9 +18,13 @@ import structlog
 from libs.retention import in_batches, run_passes
 from services.scheduler.metrics import TASKS_PRUNED
 from services.scheduler.runtime import Runtime
-from services.scheduler.store import PRUNE_BATCH
+from services.scheduler.store import PRUNE_BATCH, PrunedTasks
 
 log = structlog.get_logger("scheduler")
+
+# The kept candidates one pass skips at most (an IN list in every later batch): past it the pass
+# ends, and the next one starts over.
+MAX_SKIPPED = 5000
 
 
 @dataclass
@@ -29,6 +33,7 @@ class HistoryPruned:
     events: int = 0
     attempts: int = 0
     batches: int = 0
+    kept: int = 0  # candidates kept for now (a sub-task below still running, the log's newest event)
 
 
 class HistoryRetention:
@@ -49,19 +54,28 @@ class HistoryRetention:
 
     async def prune_once(self, now_ms: int) -> HistoryPruned:
         """Delete, batch after batch, the tasks that finished before ``now_ms`` less the
-        retention. A batch that deletes nothing ends the pass (what is left is kept for now:
-        a sub-task still running, a question still to close)."""
+        retention, until a batch finds none. A candidate kept (a sub-task below it still
+        running, the log's newest event) is skipped by the batches after it, so however many
+        there are they never hold back the others (up to ``MAX_SKIPPED`` in one pass)."""
         rt = self.rt
         cutoff = now_ms - rt.tasks_cfg.finished_task_retention_ms
         began = time.perf_counter()
+        skip: set[str] = set()
+
+        async def batch() -> PrunedTasks:
+            pruned = await rt.store.prune_finished(cutoff, self.batch, skip)
+            skip.update(pruned.kept)
+            return pruned
+
         batches = await in_batches(
-            lambda: rt.store.prune_finished(cutoff, self.batch), lambda pruned: pruned.tasks, lambda: rt.closing
+            batch, lambda pruned: pruned.tasks + len(pruned.kept), lambda: rt.closing or len(skip) > MAX_SKIPPED
         )
         total = HistoryPruned(
             tasks=sum(b.tasks for b in batches),
             events=sum(b.events for b in batches),
             attempts=sum(b.attempts for b in batches),
             batches=len(batches),
+            kept=len(skip),
         )
         if total.tasks:
             TASKS_PRUNED.inc(total.tasks)
@@ -71,6 +85,7 @@ class HistoryRetention:
                 events=total.events,
                 attempts=total.attempts,
                 batches=total.batches,
+                kept=total.kept,
                 seconds=round(time.perf_counter() - began, 3),
             )
         return total

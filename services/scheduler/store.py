@@ -370,6 +370,9 @@ class PrunedTasks:
     tasks: int
     events: int
     attempts: int
+    # Candidates found and kept (a kept sub-task below, the log's newest event): the next
+    # batch of the pass skips them rather than finding them again.
+    kept: frozenset[str] = frozenset()
 
 
 # A follower's read with no gaps to look at again: the common one, compiled once.
@@ -809,9 +812,9 @@ class SchedulerStore:
 
     # --- history retention ----------------------------------------------------
 
-    async def prune_finished(self, cutoff: int, limit: int = PRUNE_BATCH) -> PrunedTasks:
+    async def prune_finished(self, cutoff: int, limit: int = PRUNE_BATCH, skip: Iterable[str] = ()) -> PrunedTasks:
         """Delete up to ``limit`` tasks that finished before ``cutoff`` (ms), with their events
-        and attempts, in one transaction of its own.
+        and attempts, in one transaction of its own; ``skip``: candidates kept by earlier batches.
 
         Kept whatever their age: a task with a question still to close in the
         pending-registry (its outbox row), a task with a sub-task that is kept (no sub-task is
@@ -820,10 +823,14 @@ class SchedulerStore:
         past it would never read the next events).
         """
 
+        skipped = list(skip)
+        candidates = _PRUNE_CANDIDATES.where(TASKS.c.task_id.not_in(skipped)) if skipped else _PRUNE_CANDIDATES
+
         def work(s: Tx) -> PrunedTasks:
             # Nothing finishes before it is created: the (state, created_at) index narrows the
             # search, and updated_at (when it finished) decides.
-            ids = {r.task_id for r in _rows(s, _PRUNE_CANDIDATES, {"cutoff": cutoff, "limit": limit})}
+            found = {r.task_id for r in _rows(s, candidates, {"cutoff": cutoff, "limit": limit})}
+            ids = set(found)
             newest = _rows(s, _NEWEST_EVENT_TASK)
             if newest:
                 ids.discard(newest[0].task_id)
@@ -839,13 +846,14 @@ class SchedulerStore:
                 if not rows:
                     break
                 ids -= {r.parent_task_id for r in rows}
+            kept = frozenset(found - ids)
             if not ids:
-                return PrunedTasks(0, 0, 0)
+                return PrunedTasks(0, 0, 0, kept)
             conn = s.connection()
             events = conn.execute(sa.delete(EVENTS).where(EVENTS.c.task_id.in_(ids))).rowcount
             attempts = conn.execute(sa.delete(ATTEMPTS).where(ATTEMPTS.c.task_id.in_(ids))).rowcount
             tasks = conn.execute(sa.delete(TASKS).where(TASKS.c.task_id.in_(ids))).rowcount
-            return PrunedTasks(tasks, events, attempts)
+            return PrunedTasks(tasks, events, attempts, kept)
 
         return await self.group.alone(work)
 

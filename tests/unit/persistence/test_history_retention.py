@@ -104,13 +104,37 @@ async def test_a_sub_task_that_stays_keeps_every_task_above_it(scheduler_db: Dat
     await store.create_task(make_task(tid(5), state=State.CANCELLED, created_at=1004, parent_task_id=tid(4), depth=1))
     await store.create_task(make_task(tid(9), created_at=9000))  # the log's newest event
 
-    assert await store.prune_finished(CUTOFF) == PrunedTasks(tasks=2, events=2, attempts=0)
+    # The root was found (its child finished long ago) and kept for the grandchild below.
+    assert await store.prune_finished(CUTOFF) == PrunedTasks(tasks=2, events=2, attempts=0, kept=frozenset({root}))
     assert set(await store.find_tasks([root, child, grandchild])) == {root, child, grandchild}
 
     await finish(store, grandchild, State.COMPLETED, 3000)
     await store.create_task(make_task(tid(10), created_at=9001))  # the newest event again
     assert (await store.prune_finished(CUTOFF)).tasks == 3
     assert await store.find_tasks([root, child, grandchild]) == {}
+
+
+async def test_kept_candidates_never_hold_back_the_ones_after_them(scheduler_db: Database) -> None:
+    """Trees kept for a sub-task that never ends (paused) come first in the index, as many as a
+    batch holds: the pass skips them and deletes what is behind them."""
+    store = quiet_store(scheduler_db)
+    roots = [tid(n) for n in (1, 2, 3)]
+    for i, root in enumerate(roots):
+        child, grandchild = tid(10 + i), tid(20 + i)
+        await store.create_task(make_task(root, state=State.COMPLETED, created_at=1000 + i))
+        await store.create_task(make_task(child, state=State.COMPLETED, created_at=1100 + i, parent_task_id=root))
+        await store.create_task(make_task(grandchild, state=State.PAUSED, created_at=1200 + i, parent_task_id=child))
+    plain = [tid(30), tid(31)]
+    for i, task_id in enumerate(plain):
+        await store.create_task(make_task(task_id, state=State.COMPLETED, created_at=1300 + i))
+    await store.create_task(make_task(tid(99), created_at=9000))  # the log's newest event
+    rt = SimpleNamespace(store=store, closing=False, tasks_cfg=SimpleNamespace(finished_task_retention_ms=1000))
+
+    pruned = await HistoryRetention(rt, batch=3).prune_once(CUTOFF + 1000)  # type: ignore[arg-type]
+
+    assert (pruned.tasks, pruned.kept) == (2, 3)
+    assert await store.find_tasks(plain) == {}
+    assert set(await store.find_tasks(roots)) == set(roots)
 
 
 async def test_the_newest_event_s_task_stays_so_event_ids_never_go_back(scheduler_db: Database) -> None:
