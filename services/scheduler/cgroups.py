@@ -157,15 +157,22 @@ def _walk(path: Path) -> list[Path]:
 
 
 def members(path: Path) -> list[int]:
+    """The processes in the cgroup and every cgroup below it."""
     if _events_say_empty(path):
         return []
     pids: list[int] = []
     for cg in _walk(path):
-        try:
-            pids.extend(int(p) for p in proctree.read_all(f"{cg}/cgroup.procs").split())
-        except (OSError, ValueError):
-            pass
+        pids.extend(own_members(cg) or ())
     return pids
+
+
+def own_members(path: Path | str) -> list[int] | None:
+    """The processes in the cgroup itself (one read of its ``cgroup.procs``, none below it);
+    None when there is no such cgroup (not created yet, or removed)."""
+    try:
+        return [int(p) for p in proctree.read_all(f"{path}/cgroup.procs").split()]
+    except (OSError, ValueError):
+        return None
 
 
 def _events_say_empty(path: Path) -> bool:

@@ -243,12 +243,9 @@ class Ownership:
             forking = list(self._forking)
         held: set[int] = set()
         for attempt_id in forking:
-            try:
-                members = proctree.read_all(f"{self.cgroups.path_for(attempt_id)}/cgroup.procs").split()
-            except OSError:
-                continue  # not created yet (the spawn creates it), or removed
-            if len(members) == 1:
-                held.add(int(members[0]))
+            members = cgroups.own_members(self.cgroups.path_for(attempt_id))  # None: not created yet
+            if members is not None and len(members) == 1:
+                held.add(members[0])
         return held
 
     def reap(self, table: dict[int, proctree.ProcStat]) -> None:
