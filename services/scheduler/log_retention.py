@@ -2,8 +2,8 @@
 
 One file per attempt: at a few hundred tasks a second that is tens of millions of files a
 day, and a folder that large slows every launch's file create. The scheduler looks once
-soon after it starts and then hourly, on a thread; a task running on this host keeps its
-logs however quiet its worker has been.
+soon after it starts and then hourly (every tenth of a shorter retention: ``libs.retention``),
+on a thread; a task running on this host keeps its logs however quiet its worker has been.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import time
 
 import structlog
 
+from libs.retention import run_passes
 from services.scheduler import worker_log
 from services.scheduler.runtime import Runtime
 
 log = structlog.get_logger("scheduler")
-
-PRUNE_INTERVAL_S = 3600.0
-FIRST_PRUNE_AFTER_S = 60.0  # after start-up's recovery and first launches
 
 
 class LogRetention:
@@ -27,16 +25,16 @@ class LogRetention:
         self.rt = rt
 
     async def loop(self) -> None:
-        if not self.rt.tasks_cfg.worker_log_retention_ms:
-            return  # 0: every log is kept
-        delay = FIRST_PRUNE_AFTER_S
-        while not self.rt.closing:
-            await asyncio.sleep(delay)
-            delay = PRUNE_INTERVAL_S
-            try:
-                await self.prune_once(time.time())
-            except Exception:
-                log.exception("worker_log_prune_failed")
+        rt = self.rt
+        # The wall clock, not the runtime's: files' times are compared.
+        await run_passes(
+            rt.tasks_cfg.worker_log_retention_ms,
+            lambda now_ms: self.prune_once(now_ms / 1000),
+            lambda: int(time.time() * 1000),
+            lambda: rt.closing,
+            log,
+            "worker_log_prune_failed",
+        )
 
     async def prune_once(self, now_s: float) -> worker_log.Pruned:
         """Delete the logs older than the retention as of ``now_s`` (epoch seconds, as file times are)."""

@@ -1,7 +1,7 @@
 """History retention across the real processes: the scheduler deletes a task past
 ``[tasks] finished_task_retention_ms`` (REST then answers 404) and the newest task stays; the
 notifier deletes the delivered report past ``[notifier] notification_retention_ms``, and the
-conversation keeps the report's message."""
+conversation keeps the report's message; the worker's log goes by ``worker_log_retention_ms``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from services.scheduler.worker_log import attempt_log_path
 from tests.e2e.conftest import AGENT, SESSION, Api, add_member, create_key
 from tests.support.stack import Stack, make_stack
 
@@ -21,6 +22,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     stack: Stack = make_stack(tmp_path_factory.mktemp("retention"))
     stack.env["TASKGATE_TASKS_FINISHED_TASK_RETENTION_MS"] = str(RETENTION_MS)
     stack.env["TASKGATE_NOTIFIER_NOTIFICATION_RETENTION_MS"] = str(RETENTION_MS)
+    stack.env["TASKGATE_TASKS_WORKER_LOG_RETENTION_MS"] = str(RETENTION_MS)
     try:
         stack.start()
     except Exception:
@@ -43,6 +45,8 @@ def reported(api: Api, task_id: str) -> list[dict[str, object]]:
 def test_a_task_and_its_notification_past_the_retention_are_deleted_and_its_message_stays(api: Api) -> None:
     old = api.create("old", profile="behave", instructions='[{"result": {"text": "old result"}}]')
     api.wait_state(old["taskId"], "completed")
+    old_log = attempt_log_path(api.stack.data_dir, old["taskId"], 1)
+    assert old_log.exists()
     finished_at = time.monotonic()
     deadline = finished_at + 30
     while not [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]:
@@ -68,5 +72,8 @@ def test_a_task_and_its_notification_past_the_retention_are_deleted_and_its_mess
     # The conversation keeps the report's message, task and notification gone.
     reports = [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]
     assert any("old result" in m["text"] for m in reports), reports
+    while old_log.exists():  # the worker's log too, by its own retention
+        assert time.monotonic() < deadline, "the worker log was never deleted"
+        time.sleep(0.2)
     logs = api.stack.logs()
-    assert "finished_tasks_pruned" in logs and "notifications_pruned" in logs
+    assert all(event in logs for event in ("finished_tasks_pruned", "notifications_pruned", "worker_logs_pruned"))
