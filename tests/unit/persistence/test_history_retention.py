@@ -6,6 +6,9 @@ event log's ids never go back — and the notifier's notifications (``prune_noti
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +24,7 @@ from services.notifier.store import NotificationsPruned, NotifierStore
 from services.scheduler.domain import Attempt, State, Task, TaskNotFound
 from services.scheduler.history_retention import HistoryPruned, HistoryRetention
 from services.scheduler.store import MIGRATIONS, PrunedTasks, SchedulerStore
+from tests.support.procs import REPO
 from tests.unit.persistence.test_stores import make_task
 
 CUTOFF = 5000
@@ -263,5 +267,70 @@ async def test_a_notification_pass_deletes_batch_after_batch(db_url: str) -> Non
         )
         assert await retention.prune_once(2 * day) == NotificationsPrunedTotal(notifications=5, attempts=0, batches=2)
         assert count(db, "notifications") == 0
+    finally:
+        db.close()
+
+
+PRUNER = """
+import asyncio, sys
+from libs.db import Database
+from services.scheduler.store import MIGRATIONS, SchedulerStore
+
+async def main() -> None:
+    store = SchedulerStore(Database(sys.argv[1], MIGRATIONS))
+    while (await store.prune_finished(int(sys.argv[2]), 50)).tasks:
+        print("batch", flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_pass_killed_midway_leaves_whole_tasks_and_the_next_one_finishes(db_url: str) -> None:
+    """SIGKILL a process pruning back to back (no pauses): every batch is one transaction, so
+    tasks went in whole batches, each one left keeps its event and attempt, and nothing points
+    at a deleted task."""
+    db = Database(db_url, MIGRATIONS)
+    db.migrate()
+    try:
+        store = quiet_store(db)
+        total = 4000
+        for start in range(0, total, 500):
+            chunk = range(start, start + 500)
+            await asyncio.gather(
+                *(store.create_task(make_task(tid(n), state=State.COMPLETED, created_at=1000 + n)) for n in chunk)
+            )
+            await store.save_attempts(
+                [
+                    Attempt(attempt_id=tid(n), task_id=tid(n), number=1, boot_id="b", token_hash=f"{n:064x}")
+                    for n in chunk
+                ]
+            )
+        await store.create_task(make_task(tid(total), created_at=9000))  # the log's newest event
+
+        pruner = subprocess.Popen(
+            [sys.executable, "-c", PRUNER, db_url, str(CUTOFF)], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
+        assert pruner.stdout is not None
+        for _ in range(3):
+            assert pruner.stdout.readline() == "batch\n"
+        pruner.send_signal(signal.SIGKILL)
+        pruner.wait(timeout=30)
+
+        left = count(db, "tasks") - 1
+        assert 0 < left <= total - 150 and (total - left) % 50 == 0, left
+        with db.engine.connect() as conn:
+            for orphans in (
+                "SELECT count(*) FROM tasks t"
+                " WHERE NOT EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = t.task_id)",
+                "SELECT count(*) FROM tasks t WHERE t.state = 'completed'"
+                " AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.task_id = t.task_id)",
+                "SELECT count(*) FROM task_events e"
+                " WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = e.task_id)",
+                "SELECT count(*) FROM attempts a WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.task_id = a.task_id)",
+            ):
+                assert conn.execute(text(orphans)).scalar_one() == 0, orphans
+        while (await store.prune_finished(CUTOFF)).tasks:
+            pass
+        assert count(db, "tasks") == 1 and count(db, "attempts") == 0
     finally:
         db.close()
