@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import tempfile
 import time
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg  # noqa: E402
 
+from bench.bench_tasks import THROUGHPUT_SETTINGS  # noqa: E402
 from bench.stats import cpu_seconds  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
@@ -31,13 +33,15 @@ from tests.support.postgres import PostgresUnavailable, fresh_database, start_po
 from tests.support.procs import client_security  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 
-MAX_RUNNING = 64  # per replica
 
-
-async def one_round(pg_url: str, replicas: int, n: int) -> tuple[float, float, dict[str, int]]:
-    """(tasks/s created -> completed, schedulers' CPU ms per task, tasks per host)."""
+async def one_round(
+    pg_url: str, replicas: int, n: int, profile_to: str | None = None
+) -> tuple[float, float, dict[str, int]]:
+    """(tasks/s created -> completed, schedulers' CPU ms per task, tasks per host).
+    ``profile_to``: a py-spy profile of the first replica (.txt: raw stacks, else a flame graph)."""
     with tempfile.TemporaryDirectory() as tmp:
-        stack = make_stack(Path(tmp), max_running=MAX_RUNNING, cancel_grace_ms=1000)
+        # The throughput run's settings (64 running per replica, the shipped timer intervals).
+        stack = make_stack(Path(tmp), **THROUGHPUT_SETTINGS)
         for service in ("scheduler", "pending", "notifier", "gateway"):
             stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(pg_url, f"bench_{service}")
         stack.add_scheduler_replicas(replicas - 1)
@@ -60,6 +64,15 @@ async def one_round(pg_url: str, replicas: int, n: int) -> tuple[float, float, d
                     )
 
             url = stack.env["TASKGATE_SCHEDULER_DB_URL"]
+            spy = None
+            if profile_to:
+                spy = await asyncio.create_subprocess_exec(
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record", "-o", profile_to, "-p", str(pids[0]), "--nonblocking", "-r", "200",
+                    *(["--format", "raw"] if profile_to.endswith(".txt") else []),
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                )
+                await asyncio.sleep(1)
             cpu0 = sum(cpu_seconds(p) for p in pids)
             began = time.perf_counter()
             await asyncio.gather(*(create(i) for i in range(n)))
@@ -72,6 +85,9 @@ async def one_round(pg_url: str, replicas: int, n: int) -> tuple[float, float, d
                     await asyncio.sleep(0.02)
                 total_s = time.perf_counter() - began
                 cpu_ms = (sum(cpu_seconds(p) for p in pids) - cpu0) * 1000
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    await spy.wait()
                 cur = await conn.execute("SELECT count(*) FROM attempts GROUP BY task_id HAVING count(*) <> 1")
                 assert not await cur.fetchall(), "a task ran other than exactly once"
                 cur = await conn.execute("SELECT doc::json->>'host_id' FROM attempts")
@@ -83,7 +99,7 @@ async def one_round(pg_url: str, replicas: int, n: int) -> tuple[float, float, d
             stack.stop()
 
 
-async def main(n: int, counts: list[int]) -> None:
+async def main(n: int, counts: list[int], profile_to: str | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             url, stop = start_postgres(tmp)
@@ -92,7 +108,7 @@ async def main(n: int, counts: list[int]) -> None:
             return
         try:
             for replicas in counts:
-                rate, cpu, hosts = await one_round(url, replicas, n)
+                rate, cpu, hosts = await one_round(url, replicas, n, profile_to if replicas == counts[0] else None)
                 spread = "/".join(str(v) for v in sorted(hosts.values(), reverse=True))
                 print(
                     f"replicas={replicas}: gRPC created->completed, /bin/true, N={n}: {rate:7.1f} tasks/s, "
@@ -107,5 +123,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--profile", default=None, help="py-spy profile of the first replica (first count)")
     args = parser.parse_args()
-    asyncio.run(main(args.tasks, args.replicas))
+    asyncio.run(main(args.tasks, args.replicas, args.profile))

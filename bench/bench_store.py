@@ -1,8 +1,8 @@
 """The scheduler's persistence and publishing path alone: CPU per task lifecycle.
 
-Run: .venv/bin/python bench/bench_store.py [N] [--profile FILE] [--savepoints]
+Run: .venv/bin/python bench/bench_store.py [N] [--profile FILE] [--savepoints] [--postgres]
 N tasks (default 1000) go through the store calls a `/bin/true` task makes, in a
-temporary SQLite database, shaped as in the throughput benchmark: creates 16 in flight,
+temporary SQLite database (``--postgres``: a database in a throwaway PostgreSQL 15 cluster), shaped as in the throughput benchmark: creates 16 in flight,
 and one dispatch loop claiming up to the free room of 64 (``Dispatcher``) and taking each
 claimed task through begin_launch (`launching` attempt), update_task -> running (with the
 attempt's identity, one commit as the launch makes it), update_task -> completed (with the
@@ -43,6 +43,7 @@ from services.scheduler.domain import Attempt, State, Task  # noqa: E402
 from services.scheduler.events import EventHub  # noqa: E402
 from services.scheduler.metrics import LifecycleMetrics  # noqa: E402
 from services.scheduler.store import MIGRATIONS, SchedulerStore, StoredEvent  # noqa: E402
+from tests.support.postgres import fresh_database, start_postgres  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 IN_FLIGHT = int(os.environ.get("BENCH_IN_FLIGHT", "16"))  # creates, as the throughput benchmark's client
@@ -184,8 +185,10 @@ async def follower(store: SchedulerStore, pub: Publisher, want: int, done: async
     return reads
 
 
-async def one_round(tmp: Path, n: int) -> dict[str, float]:
-    db = Database(f"sqlite:///{tmp / f'{uuid.uuid4().hex}.db'}", MIGRATIONS)
+async def one_round(tmp: Path, n: int, pg_url: str | None = None) -> dict[str, float]:
+    """``pg_url``: a PostgreSQL cluster to make this round's database in (else SQLite in ``tmp``)."""
+    url = fresh_database(pg_url, "bench_store") if pg_url else f"sqlite:///{tmp / f'{uuid.uuid4().hex}.db'}"
+    db = Database(url, MIGRATIONS)
     db.migrate()
     store = SchedulerStore(db)
     if "--savepoints" in sys.argv:  # every unit of a batch in its own savepoint from the start
@@ -268,16 +271,27 @@ def main() -> None:
     tglog.configure_logging("bench", "info", "json")
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
-        if profile:
-            import cProfile
+        pg_url, stop = start_postgres(tmp) if "--postgres" in sys.argv else (None, None)
+        try:
+            if profile:
+                import cProfile
 
-            # The loop's side only: cProfile sees the thread it runs in.
-            cProfile.runctx("asyncio.run(one_round(Path(tmp), n))", globals(), {"tmp": tmp, "n": n}, profile)
-        for _ in range(ROUNDS):
-            rounds.append(asyncio.run(one_round(Path(tmp), n)))
+                # The loop's side only: cProfile sees the thread it runs in.
+                cProfile.runctx(
+                    "asyncio.run(one_round(Path(tmp), n, pg_url))",
+                    globals(),
+                    {"tmp": tmp, "n": n, "pg_url": pg_url},
+                    profile,
+                )
+            for _ in range(ROUNDS):
+                rounds.append(asyncio.run(one_round(Path(tmp), n, pg_url)))
+        finally:
+            if stop is not None:
+                stop()
     sys.stderr = sys.__stderr__
     print(
-        f"store lifecycle, SQLite, N={n}, {IN_FLIGHT} creates in flight, {MAX_RUNNING} running, "
+        f"store lifecycle, {'PostgreSQL' if pg_url else 'SQLite'}, N={n}, {IN_FLIGHT} creates in flight, "
+        f"{MAX_RUNNING} running, "
         f"median of {ROUNDS} (load {os.getloadavg()[0]:.1f})"
     )
     for key in rounds[0]:

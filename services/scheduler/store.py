@@ -863,9 +863,8 @@ class SchedulerStore:
         """Send the transaction's queued NOTIFYs (PostgreSQL delivers them at commit, if it commits)."""
         payloads = session.info.pop("notify", None)
         if payloads and self.postgres:
-            conn = session.connection()
             for payload in sorted(payloads):
-                conn.execute(_NOTIFY, {"payload": payload})
+                _NOTIFY.execute(session, {"payload": payload})  # in the batch's pipeline, if any
 
     async def claim_queued(self, limit: int, skip: Iterable[str], any_owner: bool) -> list[str]:
         """Claim up to ``limit`` queued tasks for this host, oldest first; their ids.
@@ -1304,7 +1303,7 @@ class SchedulerStore:
         return await self._run(work)
 
 
-_NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :payload)")
+_NOTIFY = Direct(text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :payload)"))  # PostgreSQL only
 _UPSERT_HOST = text(
     "INSERT INTO scheduler_hosts (host_id, boot_id, started_at, lease_expires_at)"
     " VALUES (:host_id, :boot_id, :started_at, :until)"
