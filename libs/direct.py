@@ -19,20 +19,32 @@ from sqlalchemy.sql import ClauseElement
 
 
 class DriverTx(Protocol):
-    """What a statement runs in: SQLAlchemy's connection (for its dialect) and the driver's."""
+    """What a statement runs in: SQLAlchemy's connection (for its dialect) and the driver's
+    cursor the transaction's statements share."""
 
     conn: Connection
-    driver: Any
+
+    def cursor(self) -> Any: ...
 
 
 class OnConnection:
     """A bare transaction's connection with its driver connection looked up once."""
 
-    __slots__ = ("conn", "driver")
+    __slots__ = ("conn", "driver", "_cursor")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.driver: Any = conn.connection.driver_connection
+        self._cursor: Any = None
+
+    def cursor(self) -> Any:
+        """The transaction's one driver cursor, which every ``Direct`` statement runs on: psycopg
+        builds a new cursor for each ``connection.execute``, ≈ 28 µs of CPU a statement here
+        (sqlite3's cost ≈ 0.3 µs). A statement's rows are read before the next one runs."""
+        cursor = self._cursor
+        if cursor is None:
+            cursor = self._cursor = self.driver.cursor()
+        return cursor
 
 
 def _raise_translated(conn: Connection, sql: str, params: Any, exc: Exception) -> NoReturn:
@@ -70,13 +82,15 @@ class Direct:
         return found
 
     def execute(self, tx: DriverTx, params: dict[str, Any]) -> Any:
-        """The driver's cursor after running the statement with ``params``."""
+        """The driver's cursor after running the statement with ``params`` (the transaction's
+        shared cursor: read what it returns before running another statement on ``tx``)."""
         sql, order, fixed = self._for(tx.conn)
         if fixed:
             params = {**fixed, **params}
         bound = tuple(params[k] for k in order) if order is not None else params
+        cursor = tx.cursor()
         try:
-            return tx.driver.execute(sql, bound)
+            return cursor.execute(sql, bound)
         except Exception as exc:
             _raise_translated(tx.conn, sql, bound, exc)
 
@@ -87,7 +101,7 @@ class Direct:
             many = ({**fixed, **params} for params in many)
         rows: Iterable[Any] = many if order is None else [tuple(params[k] for k in order) for params in many]
         try:
-            tx.driver.cursor().executemany(sql, rows)
+            tx.cursor().executemany(sql, rows)
         except Exception as exc:
             _raise_translated(tx.conn, sql, None, exc)
 
