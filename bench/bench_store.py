@@ -2,11 +2,12 @@
 
 Run: .venv/bin/python bench/bench_store.py [N] [--profile FILE] [--savepoints] [--postgres]
 N tasks (default 1000) go through the store calls a `/bin/true` task makes, in a
-temporary SQLite database (``--postgres``: a database in a throwaway PostgreSQL 15 cluster), shaped as in the throughput benchmark: creates 16 in flight,
-and one dispatch loop claiming up to the free room of 64 (``Dispatcher``) and taking each
-claimed task through begin_launch (`launching` attempt), update_task -> running (with the
-attempt's identity, one commit as the launch makes it), update_task -> completed (with the
-ended attempt); each change published through ``Runtime.published``-equivalent calls (hub +
+temporary SQLite database (``--postgres``: a database in a throwaway PostgreSQL 15
+cluster), shaped as in the throughput benchmark: creates 16 in flight, and one dispatch
+loop claiming up to the free room of 64 (``Dispatcher``) and taking each claimed task
+through begin_launch (`launching` attempt), update_task -> running (with the attempt's
+identity, one commit as the launch makes it), update_task -> completed (with the ended
+attempt); each change published through ``Runtime.published``-equivalent calls (hub +
 metrics); a log follower reads the event log as the notifier's does. No processes, no
 gRPC: what is left is the database thread, the group commit, (de)serialisation,
 publishing and one log line per start and per end.
