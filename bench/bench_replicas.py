@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psycopg  # noqa: E402
 
 from bench.bench_tasks import THROUGHPUT_SETTINGS  # noqa: E402
-from bench.stats import cpu_seconds  # noqa: E402
+from bench.stats import Profile, cpu_seconds  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
@@ -64,15 +63,7 @@ async def one_round(
                     )
 
             url = stack.env["TASKGATE_SCHEDULER_DB_URL"]
-            spy = None
-            if profile_to:
-                spy = await asyncio.create_subprocess_exec(
-                    str(Path(sys.executable).parent / "py-spy"),
-                    "record", "-o", profile_to, "-p", str(pids[0]), "--nonblocking", "-r", "200",
-                    *(["--format", "raw"] if profile_to.endswith(".txt") else []),
-                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-                )
-                await asyncio.sleep(1)
+            profile = await Profile.start(pids[0], profile_to)
             cpu0 = sum(cpu_seconds(p) for p in pids)
             began = time.perf_counter()
             await asyncio.gather(*(create(i) for i in range(n)))
@@ -85,9 +76,7 @@ async def one_round(
                     await asyncio.sleep(0.02)
                 total_s = time.perf_counter() - began
                 cpu_ms = (sum(cpu_seconds(p) for p in pids) - cpu0) * 1000
-                if spy is not None:
-                    spy.send_signal(signal.SIGINT)
-                    await spy.wait()
+                await profile.stop()
                 cur = await conn.execute("SELECT count(*) FROM attempts GROUP BY task_id HAVING count(*) <> 1")
                 assert not await cur.fetchall(), "a task ran other than exactly once"
                 cur = await conn.execute("SELECT doc::json->>'host_id' FROM attempts")

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lean_http import LeanClient  # noqa: E402
 from bench.stats import (  # noqa: E402
     CpuTimes,
+    Profile,
     children_cpu_seconds,
     cpu_fields,
     cpu_seconds,
@@ -449,23 +449,7 @@ async def throughput_round(
         helper = spawn_helper_pid(pids["scheduler"])
         if helper is not None:
             pids[SPAWN_HELPER] = helper
-        spy = None
-        if profile_to:
-            spy = await asyncio.create_subprocess_exec(
-                str(Path(sys.executable).parent / "py-spy"),
-                "record",
-                "-o",
-                profile_to,
-                "-p",
-                str(pids["scheduler"]),
-                "--nonblocking",
-                "-r",
-                "200",
-                *(["--format", "raw"] if profile_to.endswith(".txt") else []),
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-            await asyncio.sleep(1.0)
+        profile = await Profile.start(pids["scheduler"], profile_to)
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         # One keep-alive connection per create in flight, one request on each.
         async with LeanClient(stack.http_url, CREATES_IN_FLIGHT) as lean:
@@ -503,9 +487,7 @@ async def throughput_round(
             completed = r.json()["total"]
             assert completed == n, completed
             latencies = await task_latencies_ms(http, base)
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            await spy.wait()
+        await profile.stop()
         figures = {
             **store,
             **meter.per_task_ms(n),

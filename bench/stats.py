@@ -1,9 +1,13 @@
-"""Small helpers the benchmarks share: percentiles, a process's resident memory, and what the
-machine was like while a figure was taken (its disk, a file create's cost, how busy its CPUs were)."""
+"""Small helpers the benchmarks share: percentiles, a process's resident memory, a py-spy
+profile of a process, and what the machine was like while a figure was taken (its disk, a file
+create's cost, how busy its CPUs were)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,6 +19,35 @@ def pct(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values`` by nearest rank."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class Profile:
+    """py-spy sampling a process at 200 Hz from ``start`` to ``stop``: raw stacks when ``out``
+    ends in .txt, else a flame graph; with ``out`` None, nothing."""
+
+    def __init__(self, spy: asyncio.subprocess.Process | None) -> None:
+        self._spy = spy
+
+    @classmethod
+    async def start(cls, pid: int, out: str | None) -> Profile:
+        if not out:
+            return cls(None)
+        spy = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "py-spy"),
+            *("record", "-o", out, "-p", str(pid), "--nonblocking", "-r", "200"),
+            *(["--format", "raw"] if out.endswith(".txt") else []),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await asyncio.sleep(1.0)  # attached before the work starts
+        return cls(spy)
+
+    async def stop(self) -> None:
+        """Stop sampling; the profile is written once py-spy has exited."""
+        if self._spy is not None:
+            self._spy.send_signal(signal.SIGINT)
+            await self._spy.wait()
+            self._spy = None
 
 
 def rss_mib(pid: int) -> float:
