@@ -111,13 +111,7 @@ class Api:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = make_stack(tmp_path_factory.mktemp("stack"), metrics=True)
-    try:
-        s.start()
-    except Exception:
-        print(s.logs())
-        s.stop()
-        raise
+    s = make_stack(tmp_path_factory.mktemp("stack"), metrics=True).start()
     yield s
     s.stop()
 

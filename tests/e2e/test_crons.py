@@ -72,13 +72,7 @@ profile = "true"
 
 @pytest.fixture(scope="module")
 def cron_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    stack = make_stack(tmp_path_factory.mktemp("crons"), extra_config=CRONS)
-    try:
-        stack.start()
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
+    stack = make_stack(tmp_path_factory.mktemp("crons"), extra_config=CRONS).start()
     yield stack
     stack.stop()
 

@@ -33,12 +33,7 @@ def tls_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "TASKGATE_TLS_CLIENT_AUTH": "true",
         }
     )
-    try:
-        stack.start()
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
+    stack.start()
     yield stack
     stack.stop()
 

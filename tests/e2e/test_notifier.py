@@ -26,7 +26,7 @@ import pytest
 
 from tests.e2e.conftest import Api, add_member, add_members, create_key, run_cli
 from tests.support.procs import REPO, free_port
-from tests.support.stack import Stack, make_stack
+from tests.support.stack import Stack, make_stack, start_fresh
 
 SECRET = "webhook-secret-for-tests"
 HOOK_AGENT = "agent-hook"
@@ -132,25 +132,10 @@ channel = "hook"
 
 
 def start_stack(base: Path, receiver: Receiver) -> Stack:
-    # Free ports are picked before the services bind them; on a busy machine (other suites
-    # running) one can be taken meanwhile, so a start that fails that way is retried on new ports.
-    for attempt in range(3):
-        stack = make_stack(base / f"try{attempt}")
-        config = Path(stack.env["TASKGATE_CONFIG"])
-        config.write_text(
-            config.read_text()
-            + NOTIFIER_CONFIG.format(
-                retry_initial_ms=RETRY_INITIAL_MS, port=receiver.port, secret=SECRET, agent=HOOK_AGENT
-            )
-        )
-        try:
-            return stack.start()
-        except RuntimeError as exc:
-            stack.stop()
-            if "address already in use" not in str(exc) or attempt == 2:
-                print(stack.logs())
-                raise
-    raise AssertionError("unreachable")
+    extra = NOTIFIER_CONFIG.format(
+        retry_initial_ms=RETRY_INITIAL_MS, port=receiver.port, secret=SECRET, agent=HOOK_AGENT
+    )
+    return start_fresh(lambda attempt: make_stack(base / f"try{attempt}", extra_config=extra))
 
 
 @pytest.fixture(scope="module")

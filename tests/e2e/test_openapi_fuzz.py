@@ -53,12 +53,7 @@ def fuzz_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     data_dir = tmp_path_factory.mktemp("fuzz")
     stack = make_stack(data_dir)
     (data_dir / "taskgate.toml").write_text(FUZZ_CONFIG)
-    try:
-        stack.start()
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
+    stack.start()
     yield stack
     stack.stop()
 

@@ -11,13 +11,7 @@ from tests.support.stack import make_stack
 
 
 def test_a_task_completes_with_every_database_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
-    stack = make_stack(tmp_path / "pg-stack").use_postgresql(postgres_url)
-    try:
-        stack.start()
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
+    stack = make_stack(tmp_path / "pg-stack").use_postgresql(postgres_url).start()
     try:
         api = Api(stack, create_key(stack, "pg-user", AGENT))
         add_member(stack, AGENT, SESSION, "pg-user")

@@ -10,14 +10,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import Api, add_members, create_key, run_cli
 from tests.e2e.test_notifier import Received, Receiver, start_receiver
-from tests.support.stack import Stack, make_stack
+from tests.support.stack import Stack, make_stack, start_fresh
 
 AGENT = "agent-q"
 BASE_MS = 1500  # the shortened question_reminder_ms
@@ -53,20 +52,8 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     receiver, server = start_receiver()
     base = tmp_path_factory.mktemp("reminders")
-    stack: Stack | None = None
-    for attempt in range(3):
-        stack = make_stack(base / f"try{attempt}")
-        config = Path(stack.env["TASKGATE_CONFIG"])
-        config.write_text(config.read_text() + CONFIG.format(base=BASE_MS, port=receiver.port, agent=AGENT))
-        try:
-            stack.start()
-            break
-        except RuntimeError as exc:
-            stack.stop()
-            if "address already in use" not in str(exc) or attempt == 2:
-                print(stack.logs())
-                raise
-    assert stack is not None
+    extra = CONFIG.format(base=BASE_MS, port=receiver.port, agent=AGENT)
+    stack = start_fresh(lambda attempt: make_stack(base / f"try{attempt}", extra_config=extra))
     try:
         key = create_key(stack, "nora", AGENT)
         add_members(stack, AGENT, SESSIONS, "nora")

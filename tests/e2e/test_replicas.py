@@ -36,8 +36,8 @@ GRACE_MS = 1000
 def replica_stack(tmp_path: Path, postgres_url: str, replicas: int, **tasks: int) -> Stack:
     stack = make_stack(tmp_path / "replicas", **tasks).use_postgresql(postgres_url)
     stack.add_scheduler_replicas(replicas - 1, lease_ms=LEASE_MS, grace_ms=GRACE_MS)
+    stack.start()
     try:
-        stack.start()
         stack.wait_replicas_serving()
     except Exception:
         print(stack.logs())

@@ -23,12 +23,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     stack.env["TASKGATE_TASKS_FINISHED_TASK_RETENTION_MS"] = str(RETENTION_MS)
     stack.env["TASKGATE_NOTIFIER_NOTIFICATION_RETENTION_MS"] = str(RETENTION_MS)
     stack.env["TASKGATE_TASKS_WORKER_LOG_RETENTION_MS"] = str(RETENTION_MS)
-    try:
-        stack.start()
-    except Exception:
-        print(stack.logs())
-        stack.stop()
-        raise
+    stack.start()
     try:
         key = create_key(stack, "alice", AGENT)
         add_member(stack, AGENT, SESSION, "alice")

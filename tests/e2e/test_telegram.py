@@ -9,13 +9,12 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import Api, add_member, create_key, run_cli
 from tests.support.botapi import BotApi, start_bot_api
-from tests.support.stack import Stack, make_stack
+from tests.support.stack import Stack, make_stack, start_fresh
 
 AGENT = "agent-tg"
 SESSION = "tg-1"
@@ -51,21 +50,8 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     bot = start_bot_api()
     base = tmp_path_factory.mktemp("telegram")
-    stack: Stack | None = None
-    for attempt in range(3):
-        stack = make_stack(base / f"try{attempt}")
-        config = Path(stack.env["TASKGATE_CONFIG"])
-        extra = CONFIG.format(token=bot.token, base=bot.base_url, refresh=REFRESH_MS, agent=AGENT)
-        config.write_text(config.read_text() + extra)
-        try:
-            stack.start()
-            break
-        except RuntimeError as exc:
-            stack.stop()
-            if "address already in use" not in str(exc) or attempt == 2:
-                print(stack.logs())
-                raise
-    assert stack is not None
+    extra = CONFIG.format(token=bot.token, base=bot.base_url, refresh=REFRESH_MS, agent=AGENT)
+    stack = start_fresh(lambda attempt: make_stack(base / f"try{attempt}", extra_config=extra))
     try:
         key = create_key(stack, "nora", AGENT)
         add_member(stack, AGENT, SESSION, "nora")

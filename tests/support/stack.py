@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,9 +190,10 @@ class Stack:
         return ServiceProcess("services.scheduler", env, logs / f"{name}.log", env["TASKGATE_SCHEDULER_ADDR"])
 
     def start(self) -> Stack:
-        """Start every service and wait until the stack is healthy. A start that fails stops
-        what it started: a caller (a benchmark) that only stops a stack it got back would
-        otherwise leave the services that did come up running."""
+        """Start every service and wait until the stack is healthy. A start that fails prints
+        the services' logs (pytest shows them with the failure) and stops what it started: a
+        caller (a benchmark) that only stops a stack it got back would otherwise leave the
+        services that did come up running."""
         logs = self.log_dir or self.data_dir / "logs"
         try:
             for name, module, env_name in SERVICES:
@@ -204,6 +206,7 @@ class Stack:
             self.procs["gateway"].start(wait=False)
             self.wait_healthy()
         except BaseException:
+            print(self.logs())
             self.stop()
             raise
         return self
@@ -235,6 +238,19 @@ class Stack:
 
     def logs(self) -> str:
         return "\n".join(f"--- {n}\n{p.logs()[-4000:]}" for n, p in self.procs.items())
+
+
+def start_fresh(make: Callable[[int], Stack], attempts: int = 3) -> Stack:
+    """``make(attempt)``'s stack, started. Its ports are picked free before the services bind
+    them, and a test's own servers take ports too: a start that fails with "address already in
+    use" is tried again with a fresh stack (new ports), at most ``attempts`` times."""
+    for attempt in range(attempts):
+        try:
+            return make(attempt).start()
+        except RuntimeError as exc:
+            if "address already in use" not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def hostile_profile() -> str:
