@@ -99,21 +99,23 @@ def test_a_dead_child_is_restarted_and_one_that_keeps_dying_fails_it(tmp_path: P
         while True:  # a new notifier process, and the system healthy again
             assert proc.poll() is None, "devrun gave up after one death"
             children = service_children(proc)
-            fresh = [c for c in children if _is_notifier(c) and c.pid != victim.pid]
+            # psutil compares processes by pid and start time: a restart given the victim's pid
+            # again (pids wrap at 32,768 here) is still a new notifier.
+            fresh = [c for c in children if _is_notifier(c) and c != victim]
             healthy = httpx.get(f"{url}/healthz", timeout=5).status_code == 200
             if fresh and healthy and len(children) == 5:
                 break
             assert time.monotonic() < deadline, "the notifier was not restarted"
             time.sleep(0.2)
         # Now it keeps dying: killed as soon as it is back, five times within the minute.
-        killed = {victim.pid}
+        killed = {victim}
         others = [c for c in service_children(proc) if not _is_notifier(c)]
         deadline = time.monotonic() + 60
         while proc.poll() is None:
             assert time.monotonic() < deadline, "devrun did not give up on a service that keeps dying"
             for child in service_children(proc):
-                if _is_notifier(child) and child.pid not in killed:
-                    killed.add(child.pid)
+                if _is_notifier(child) and child not in killed:
+                    killed.add(child)
                     child.kill()
             time.sleep(0.05)
         assert proc.wait(timeout=60) == 1
