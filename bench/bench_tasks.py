@@ -378,8 +378,16 @@ def conditions_line(figures: dict[str, float]) -> str:
     return (
         f"during the run: the scheduler kept {figures['scheduler_cores']:.2f} of a core busy, the machine "
         f"{100 * figures['machine_busy']:.0f} % of its {os.cpu_count()} CPUs; a file create on the data disk "
-        f"took {figures['file_create_us']:.0f} us just before{kernel}"
+        f"took {figures['file_create_us']:.0f} us just before{kernel}; the scheduler spent "
+        f"{scheduler_per_worker(figures):.2f}x the workers' own CPU (compare runs by this)"
     )
+
+
+def scheduler_per_worker(figures: dict[str, float]) -> float:
+    """The scheduler's CPU per task in units of the workers' own: a `/bin/true` exec is the same
+    work in every run, so its CPU tracks how fast this VM is at the moment (it drifts by up to 2x
+    within minutes); divided by it, the scheduler's cost compares across runs."""
+    return figures["scheduler"] / figures["workers"] if figures.get("workers") else float("nan")
 
 
 def _instant(iso: str) -> float:
@@ -571,6 +579,7 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
         extra["file_create_us"] = cpu["file_create_us"]
         extra["machine_busy_share"] = cpu["machine_busy"]
         extra["scheduler_cores"] = cpu["scheduler_cores"]
+        extra["scheduler_cpu_per_worker_cpu"] = scheduler_per_worker(cpu)
         extra.update({f"launch_{k.removeprefix('launch:')}_ms": v for k, v in cpu.items() if k.startswith("launch:")})
         per_round.append({"tasks_per_s": rate, "latencies_ms": latencies, "extra": extra})
         print(
