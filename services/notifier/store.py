@@ -1108,8 +1108,17 @@ class NotifierStore:
         return await self.db.run(work)
 
     async def prune_activity(self, older_than: int) -> int:
+        """Delete the frames made before ``older_than`` (ms) — all but the newest frame of all:
+        SQLite hands the highest sequence out again once its row is gone, and a sequence must
+        never come back (a resuming client's Last-Event-ID would point into other frames, and a
+        final response's history message is named after its frame: the next one would collide
+        and its publish fail)."""
+
         def work(s: Session) -> int:
-            result = s.exec(delete(ActivityRow).where(col(ActivityRow.at) < older_than))  # type: ignore[call-overload]
+            newest = select(func.max(ActivityRow.seq)).scalar_subquery()
+            result = s.exec(  # type: ignore[call-overload]
+                delete(ActivityRow).where(col(ActivityRow.at) < older_than, col(ActivityRow.seq) < newest)
+            )
             return int(result.rowcount or 0)
 
         return await self.db.run(work)

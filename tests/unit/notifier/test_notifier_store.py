@@ -93,6 +93,20 @@ async def test_snapshots_history_and_retained_frames(store: NotifierStore) -> No
     assert page.total == 1 and messages[0].response_id == "r1" and messages[0].completed_at == 4
 
 
+async def test_frames_past_their_age_go_but_a_sequence_never_comes_back(store: NotifierStore) -> None:
+    """An idle day ages out every frame; SQLite would then hand sequence 1 out again, and the
+    next final response's history message (named after its frame) would collide with the first."""
+    _, first = await store.publish(response("r1", "one", final=True, at=1))
+    _, other = await store.publish(response("r2", "two", at=2))
+    assert await store.prune_activity(10**13) == 1  # everything is old: all but the newest frame go
+    assert await store.frames_after("a", "s", first.seq) is None
+    _, later = await store.publish(response("r3", "three", final=True, at=3))
+    assert later.seq > other.seq > first.seq
+    _, messages = await store.list_messages("a", "s", 0, 10)
+    assert [m.text for m in messages] == ["one", "three"]
+    assert [f.seq for f in await store.frames_after("a", "s", other.seq) or []] == [later.seq]
+
+
 async def test_old_outbox_rows_read_after_the_migration(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'old.db'}", MIGRATIONS[:1])
     db.migrate()
