@@ -300,6 +300,10 @@ class NotifierSettings(_Frozen):
     # user message) are deleted with their delivery attempts this long after they were made;
     # checked hourly. 0 (the default) keeps them all. The conversation's messages stay.
     notification_retention_ms: int = Field(0, ge=0)
+    # The conversation's history messages (with the final response snapshots behind them) and
+    # its conversation events are deleted this long after they happened; checked hourly. 0
+    # (the default) keeps the history whole.
+    conversation_retention_ms: int = Field(0, ge=0)
     # Base of a question reminder's cooldown: 1x, 3x, then 6x for later reminders.
     question_reminder_ms: int = Field(600_000, ge=1)
     # How long a snooze defers a question's reminders (one hour).

@@ -17,7 +17,7 @@ from libs.settings import Settings
 from libs.startup import StopSignal, boot, migrate
 from services.notifier.activity import ActivityHub
 from services.notifier.delivery import Deliverer
-from services.notifier.retention import NotificationRetention
+from services.notifier.retention import ConversationRetention, NotificationRetention
 from services.notifier.scheduler_link import EventLogFollower, SchedulerSessionTasks
 from services.notifier.servicer import NotifierServicer
 from services.notifier.store import MIGRATIONS, NotifierStore
@@ -61,6 +61,7 @@ async def main() -> None:
     )
     follower = EventLogFollower(scheduler, servicer, store)
     retention = NotificationRetention(store, settings.notifier.notification_retention_ms, clock)
+    history = ConversationRetention(store, settings.notifier.conversation_retention_ms, clock)
     loops: list[asyncio.Task[None]] = []
 
     async def started() -> None:
@@ -70,6 +71,7 @@ async def main() -> None:
                 asyncio.create_task(deliverer.run(), name="delivery"),
                 asyncio.create_task(prune_loop(store, settings, clock), name="activity-prune"),
                 asyncio.create_task(retention.loop(), name="notification-retention"),
+                asyncio.create_task(history.loop(), name="conversation-retention"),
             ]
         )
 

@@ -26,6 +26,12 @@ NOTIFICATIONS_PRUNED = Counter(
     "taskgate_notifier_notifications_pruned_total",
     "Notifications done with, deleted with their delivery attempts by [notifier] notification_retention_ms",
 )
+CONVERSATION_ROWS_PRUNED = Counter(
+    "taskgate_notifier_conversation_rows_pruned_total",
+    "History messages, final response snapshots and conversation events deleted by [notifier]"
+    " conversation_retention_ms",
+    ["kind"],
+)
 EVENT_LOG_EVENTS = Counter(
     "taskgate_notifier_event_log_events_total", "Scheduler event-log events applied (committed) by the notifier"
 )

@@ -1,25 +1,34 @@
-"""Notification retention: notifications done with ``[notifier] notification_retention_ms``
-after they were made are deleted with their delivery attempts
-(``NotifierStore.prune_notifications``), batch by batch (``libs.retention``).
+"""The notifier's history retention, batch by batch (``libs.retention``), each kind off by
+default (0 keeps everything):
 
-Off by default (0 keeps them). The conversation's messages are its history and stay; the
-activity stream has its own bounds (``activity_retention_*``).
+- ``[notifier] notification_retention_ms``: notifications done with that long after they were
+  made go with their delivery attempts (``NotifierStore.prune_notifications``);
+- ``[notifier] conversation_retention_ms``: the conversation's history messages, the final
+  response snapshots behind them and its conversation events that old
+  (``NotifierStore.prune_conversations``).
+
+The activity stream has its own bounds (``activity_retention_*``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import structlog
 
 from libs.clock import Clock
 from libs.retention import in_batches, run_passes
-from services.notifier.metrics import NOTIFICATIONS_PRUNED
-from services.notifier.store import PRUNE_BATCH, NotifierStore
+from services.notifier.metrics import CONVERSATION_ROWS_PRUNED, NOTIFICATIONS_PRUNED
+from services.notifier.store import PRUNE_BATCH, ConversationsPruned, NotificationsPruned, NotifierStore
 
 log = structlog.get_logger("notifier")
+
+B = TypeVar("B")  # one batch's counts
+T = TypeVar("T")  # a pass's totals: the batch's fields summed, and the batches
 
 
 @dataclass
@@ -29,7 +38,64 @@ class NotificationsPrunedTotal:
     batches: int = 0
 
 
-class NotificationRetention:
+@dataclass
+class ConversationsPrunedTotal:
+    messages: int = 0
+    responses: int = 0
+    events: int = 0
+    batches: int = 0
+
+
+class _Retention(Generic[B, T]):
+    """Passes of one kind of history: each deletes batch after batch (a store call given the
+    cutoff and the batch size) until one finds nothing old, then counts and logs what went."""
+
+    total: Callable[..., T]  # a pass's totals from the batches' summed fields and their number
+    event: str  # the log line of a pass that deleted something
+    failure_event: str
+
+    def __init__(
+        self,
+        prune: Callable[[int, int], Awaitable[B]],
+        found: Callable[[B], int],
+        retention_ms: int,
+        clock: Clock,
+        stop: Callable[[], bool],
+        batch: int,
+    ) -> None:
+        self.prune = prune
+        self.found = found
+        self.retention_ms = retention_ms
+        self.clock = clock
+        self.stop = stop
+        self.batch = batch
+
+    async def loop(self) -> None:
+        await run_passes(self.retention_ms, self.prune_once, self.clock.now_ms, self.stop, log, self.failure_event)
+
+    async def prune_once(self, now_ms: int) -> T:
+        cutoff = now_ms - self.retention_ms
+        began = time.perf_counter()
+        batches = await in_batches(lambda: self.prune(cutoff, self.batch), self.found, self.stop)
+        sums: dict[str, int] = {}
+        for found in batches:  # each field summed over the batches
+            for name, rows in dataclasses.asdict(found).items():  # type: ignore[call-overload]
+                sums[name] = sums.get(name, 0) + rows
+        total = self.total(**sums, batches=len(batches))
+        if batches:
+            self.counted(total)
+            log.info(self.event, **vars(total), seconds=round(time.perf_counter() - began, 3))
+        return total
+
+    def counted(self, total: T) -> None:
+        """Add a pass's deletions to the service's metrics."""
+
+
+class NotificationRetention(_Retention[NotificationsPruned, NotificationsPrunedTotal]):
+    total = NotificationsPrunedTotal
+    event = "notifications_pruned"
+    failure_event = "notification_prune_failed"
+
     def __init__(
         self,
         store: NotifierStore,
@@ -38,35 +104,31 @@ class NotificationRetention:
         stop: Callable[[], bool] = lambda: False,
         batch: int = PRUNE_BATCH,
     ) -> None:
-        self.store = store
-        self.retention_ms = retention_ms
-        self.clock = clock
-        self.stop = stop
-        self.batch = batch
+        # Looked up per batch, not bound once: a benchmark times the store's calls by wrapping them.
+        prune = lambda cutoff, limit: store.prune_notifications(cutoff, limit)  # noqa: E731
+        super().__init__(prune, lambda p: p.notifications, retention_ms, clock, stop, batch)
 
-    async def loop(self) -> None:
-        await run_passes(
-            self.retention_ms, self.prune_once, self.clock.now_ms, self.stop, log, "notification_prune_failed"
-        )
+    def counted(self, total: NotificationsPrunedTotal) -> None:
+        NOTIFICATIONS_PRUNED.inc(total.notifications)
 
-    async def prune_once(self, now_ms: int) -> NotificationsPrunedTotal:
-        cutoff = now_ms - self.retention_ms
-        began = time.perf_counter()
-        batches = await in_batches(
-            lambda: self.store.prune_notifications(cutoff, self.batch), lambda p: p.notifications, self.stop
-        )
-        total = NotificationsPrunedTotal(
-            notifications=sum(b.notifications for b in batches),
-            attempts=sum(b.attempts for b in batches),
-            batches=len(batches),
-        )
-        if total.notifications:
-            NOTIFICATIONS_PRUNED.inc(total.notifications)
-            log.info(
-                "notifications_pruned",
-                notifications=total.notifications,
-                attempts=total.attempts,
-                batches=total.batches,
-                seconds=round(time.perf_counter() - began, 3),
-            )
-        return total
+
+class ConversationRetention(_Retention[ConversationsPruned, ConversationsPrunedTotal]):
+    total = ConversationsPrunedTotal
+    event = "conversations_pruned"
+    failure_event = "conversation_prune_failed"
+
+    def __init__(
+        self,
+        store: NotifierStore,
+        retention_ms: int,
+        clock: Clock,
+        stop: Callable[[], bool] = lambda: False,
+        batch: int = PRUNE_BATCH,
+    ) -> None:
+        prune = lambda cutoff, limit: store.prune_conversations(cutoff, limit)  # noqa: E731 (as above)
+        super().__init__(prune, lambda p: p.messages + p.events, retention_ms, clock, stop, batch)
+
+    def counted(self, total: ConversationsPrunedTotal) -> None:
+        for kind, rows in (("message", total.messages), ("response", total.responses), ("event", total.events)):
+            if rows:
+                CONVERSATION_ROWS_PRUNED.labels(kind=kind).inc(rows)

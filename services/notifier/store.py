@@ -24,6 +24,7 @@ from sqlalchemy import (
     insert,
     or_,
     text,
+    tuple_,
     update,
 )
 from sqlmodel import Field, Session, SQLModel, col, select
@@ -127,6 +128,14 @@ MIGRATIONS = [
         [
             "CREATE TABLE claimed_failures ("
             " sequence BIGINT PRIMARY KEY, task_id VARCHAR(128) NOT NULL, at BIGINT NOT NULL)"
+        ],
+    ),
+    Migration(
+        5,
+        "conversation retention finds old messages and events by their time",
+        [
+            "CREATE INDEX ix_messages_sort_at ON messages (sort_at)",
+            "CREATE INDEX ix_conversation_events_at ON conversation_events (at)",
         ],
     ),
 ]
@@ -700,6 +709,30 @@ class NotificationsPruned:
     attempts: int
 
 
+# Conversation retention (``prune_conversations``): history messages by when they sort (their
+# completion, else their creation) and conversation events by when they happened, through
+# their indexes (migration 5), in no order.
+_PRUNE_MESSAGES = (
+    select(MessageRow.message_id, MessageRow.agent_id, MessageRow.session_id, MessageRow.response_id)
+    .where(col(MessageRow.sort_at) < bindparam("cutoff"))
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+_PRUNE_EVENTS = (
+    select(EventRow.id)
+    .where(col(EventRow.at) < bindparam("cutoff"))
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+
+
+@dataclass(frozen=True)
+class ConversationsPruned:
+    messages: int
+    responses: int
+    events: int
+
+
 class NotifierStore:
     def __init__(self, db: Database, retention_frames: int = 1000) -> None:
         self.db = db
@@ -1093,7 +1126,8 @@ class NotifierStore:
         """Delete up to ``limit`` notifications made before ``cutoff`` (ms) that are done with —
         delivered, or stopped and taken up by a user message (a stopped one not yet taken up
         is the conversation's next pending update) — with their delivery attempts, in one
-        transaction. The conversation's messages stay (their ``notificationId`` then names a
+        transaction. The conversation's messages stay, under their own retention
+        (``prune_conversations``; their ``notificationId`` then names a
         notification that is gone)."""
 
         def work(s: Session) -> NotificationsPruned:
@@ -1104,6 +1138,36 @@ class NotifierStore:
             attempts = conn.execute(delete(AttemptRow).where(col(AttemptRow.notification_id).in_(ids))).rowcount
             notes = conn.execute(delete(NotificationRow).where(col(NotificationRow.notification_id).in_(ids))).rowcount
             return NotificationsPruned(notes, attempts)
+
+        return await self.db.run(work)
+
+    async def prune_conversations(self, cutoff: int, limit: int = PRUNE_BATCH) -> ConversationsPruned:
+        """Delete up to ``limit`` history messages and up to ``limit`` conversation events from
+        before ``cutoff`` (ms), with the final response snapshots those messages came from, in
+        one transaction. A response still streaming has no message yet and stays; so do the
+        notifications (their own retention) and the activity frames (theirs)."""
+
+        def work(s: Session) -> ConversationsPruned:
+            conn = s.connection()
+            params = {"cutoff": cutoff, "limit": limit}
+            messages = conn.execute(_PRUNE_MESSAGES, params).all()
+            event_ids = [r.id for r in conn.execute(_PRUNE_EVENTS, params)]
+            responses = 0
+            if messages:
+                conn.execute(delete(MessageRow).where(col(MessageRow.message_id).in_([m.message_id for m in messages])))
+                answered = [(m.agent_id, m.session_id, m.response_id) for m in messages if m.response_id]
+                if answered:
+                    responses = conn.execute(
+                        delete(ResponseRow).where(
+                            col(ResponseRow.final).is_(True),
+                            tuple_(
+                                col(ResponseRow.agent_id), col(ResponseRow.session_id), col(ResponseRow.response_id)
+                            ).in_(answered),
+                        )
+                    ).rowcount
+            if event_ids:
+                conn.execute(delete(EventRow).where(col(EventRow.id).in_(event_ids)))
+            return ConversationsPruned(len(messages), int(responses or 0), len(event_ids))
 
         return await self.db.run(work)
 

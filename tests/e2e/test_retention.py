@@ -1,7 +1,8 @@
 """History retention across the real processes: the scheduler deletes a task past
 ``[tasks] finished_task_retention_ms`` (REST then answers 404) and the newest task stays; the
 notifier deletes the delivered report past ``[notifier] notification_retention_ms``, and the
-conversation keeps the report's message; the worker's log goes by ``worker_log_retention_ms``."""
+conversation keeps the report's message until ``[notifier] conversation_retention_ms``; the
+worker's log goes by ``worker_log_retention_ms``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from tests.e2e.conftest import AGENT, SESSION, Api, add_member, create_key
 from tests.support.stack import Stack, make_stack
 
 RETENTION_MS = 3000  # the scheduler then looks every second (a tenth, at least 1 s)
+# Long enough after the notification's that the message is seen to outlive it, however slow the run.
+CONVERSATION_RETENTION_MS = 4 * RETENTION_MS
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +26,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     stack.env["TASKGATE_TASKS_FINISHED_TASK_RETENTION_MS"] = str(RETENTION_MS)
     stack.env["TASKGATE_NOTIFIER_NOTIFICATION_RETENTION_MS"] = str(RETENTION_MS)
     stack.env["TASKGATE_TASKS_WORKER_LOG_RETENTION_MS"] = str(RETENTION_MS)
+    stack.env["TASKGATE_NOTIFIER_CONVERSATION_RETENTION_MS"] = str(CONVERSATION_RETENTION_MS)
     stack.start()
     try:
         key = create_key(stack, "alice", AGENT)
@@ -37,14 +41,14 @@ def reported(api: Api, task_id: str) -> list[dict[str, object]]:
     return [n for n in notes if n.get("taskId") == task_id]
 
 
-def test_a_task_and_its_notification_past_the_retention_are_deleted_and_its_message_stays(api: Api) -> None:
+def test_a_task_its_notification_and_then_its_message_go_past_their_retentions(api: Api) -> None:
     old = api.create("old", profile="behave", instructions='[{"result": {"text": "old result"}}]')
     api.wait_state(old["taskId"], "completed")
     old_log = attempt_log_path(api.stack.data_dir, old["taskId"], 1)
     assert old_log.exists()
     finished_at = time.monotonic()
     deadline = finished_at + 30
-    while not [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]:
+    while not reports_of(api):
         assert time.monotonic() < deadline, "the notifier never reported the task"
         time.sleep(0.1)
     assert api.request("GET", f"/tasks/{old['taskId']}").status_code == 200  # not yet past the retention
@@ -65,10 +69,19 @@ def test_a_task_and_its_notification_past_the_retention_are_deleted_and_its_mess
         assert time.monotonic() < deadline, "the delivered notification was never deleted"
         time.sleep(0.2)
     # The conversation keeps the report's message, task and notification gone.
-    reports = [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]
-    assert any("old result" in m["text"] for m in reports), reports
+    assert any("old result" in m["text"] for m in reports_of(api)), reports_of(api)
     while old_log.exists():  # the worker's log too, by its own retention
         assert time.monotonic() < deadline, "the worker log was never deleted"
         time.sleep(0.2)
-    logs = api.stack.logs()
-    assert all(event in logs for event in ("finished_tasks_pruned", "notifications_pruned", "worker_logs_pruned"))
+    # Until the conversation's own retention takes the message too.
+    while any("old result" in m["text"] for m in reports_of(api)):
+        assert time.monotonic() < deadline, "the report's message was never deleted"
+        time.sleep(0.2)
+    assert time.monotonic() - finished_at >= CONVERSATION_RETENTION_MS / 1000 - 0.5
+    logs = "".join(proc.logs() for proc in api.stack.procs.values())  # whole logs: the polls above log too
+    events = ("finished_tasks_pruned", "notifications_pruned", "worker_logs_pruned", "conversations_pruned")
+    assert [event for event in events if event not in logs] == []
+
+
+def reports_of(api: Api) -> list[dict[str, str]]:
+    return [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]

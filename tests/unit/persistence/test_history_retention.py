@@ -1,7 +1,8 @@
 """History retention on SQLite and PostgreSQL: the scheduler's finished tasks
 (``SchedulerStore.prune_finished``, ``HistoryRetention``) — what goes, what stays, and that the
 event log's ids never go back — and the notifier's notifications (``prune_notifications``,
-``NotificationRetention``)."""
+``NotificationRetention``) and conversation history (``prune_conversations``,
+``ConversationRetention``)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,15 @@ from sqlalchemy import text
 from libs.clock import SystemClock
 from libs.db import Database
 from services.notifier.domain import Attempt as DeliveryAttempt
-from services.notifier.domain import Backoff, Kind, Message, Notification
-from services.notifier.retention import NotificationRetention, NotificationsPrunedTotal
+from services.notifier.domain import Backoff, ConversationEvent, Kind, Message, Notification, Response
+from services.notifier.retention import (
+    ConversationRetention,
+    ConversationsPrunedTotal,
+    NotificationRetention,
+    NotificationsPrunedTotal,
+)
 from services.notifier.store import MIGRATIONS as NOTIFIER_MIGRATIONS
-from services.notifier.store import NotificationsPruned, NotifierStore
+from services.notifier.store import ConversationsPruned, NotificationsPruned, NotifierStore
 from services.scheduler.domain import Attempt, State, Task, TaskNotFound
 from services.scheduler.history_retention import HistoryPruned, HistoryRetention
 from services.scheduler.store import MIGRATIONS, PrunedTasks, SchedulerStore
@@ -267,6 +273,73 @@ async def test_a_notification_pass_deletes_batch_after_batch(db_url: str) -> Non
         )
         assert await retention.prune_once(2 * day) == NotificationsPrunedTotal(notifications=5, attempts=0, batches=2)
         assert count(db, "notifications") == 0
+    finally:
+        db.close()
+
+
+async def test_conversation_history_older_than_the_cutoff_goes_and_a_streaming_response_stays(db_url: str) -> None:
+    db = Database(db_url, NOTIFIER_MIGRATIONS)
+    db.migrate()
+    try:
+        store = NotifierStore(db)
+
+        def said(n: int, at: int) -> Message:
+            return Message(message_id=tid(n), agent_id="a", session_id="s", role="user", text=f"m{n}", created_at=at)
+
+        def answer(rid: str, at: int, final: bool = True) -> Response:
+            return Response(
+                agent_id="a", session_id="s", response_id=rid, text=rid, final=final, created_at=at, updated_at=at
+            )
+
+        await store.add_user_message(said(1, 1000))
+        await store.enqueue(note(2, 1000, channel=None), tid(402))  # its history message, at once
+        await store.publish(answer("old-final", 1000))  # a history message and a final snapshot
+        await store.publish(answer("streaming", 1000, final=False))  # no message yet: stays whatever its age
+        await store.add_reply(
+            Message(
+                message_id=tid(5),
+                agent_id="a",
+                session_id="s",
+                role="assistant",
+                text="re",
+                notification_id=tid(2),
+                created_at=1100,
+            ),
+            answer("reply", 1100),
+            ConversationEvent(kind="task.follow_up", at=1100, data={"taskId": tid(102)}),
+        )
+        await store.add_user_message(said(6, CUTOFF + 1))  # recent: all of these stay
+        await store.publish(answer("new-final", CUTOFF + 1))
+
+        pruned = await store.prune_conversations(CUTOFF)
+        assert pruned == ConversationsPruned(messages=4, responses=1, events=1)
+        _, left = await store.list_messages("a", "s", 0, 100)
+        assert [m.text for m in left] == ["m6", "new-final"]
+        _, events = await store.list_events("a", "s", 0, 100)
+        assert events == []
+        assert [f.snapshot.response_id for f in await store.open_responses("a", "s") if f.snapshot] == ["streaming"]
+        assert count(db, "responses") == 2  # the streaming one and the recent final one
+        assert count(db, "notifications") == 1  # the notifications have their own retention
+        assert await store.prune_conversations(CUTOFF) == ConversationsPruned(messages=0, responses=0, events=0)
+    finally:
+        db.close()
+
+
+async def test_a_conversation_pass_deletes_batch_after_batch(db_url: str) -> None:
+    db = Database(db_url, NOTIFIER_MIGRATIONS)
+    db.migrate()
+    try:
+        store = NotifierStore(db)
+        for n in range(1, 8):
+            await store.add_user_message(
+                Message(message_id=tid(n), agent_id="a", session_id="s", role="user", text="x", created_at=1000 + n)
+            )
+        day = 86_400_000
+        retention = ConversationRetention(store, retention_ms=day, clock=SystemClock(), batch=3)
+        assert await retention.prune_once(day + 1003) == ConversationsPrunedTotal(messages=2, batches=1)
+        assert await retention.prune_once(2 * day) == ConversationsPrunedTotal(messages=5, batches=2)
+        assert count(db, "messages") == 0
+        assert await retention.prune_once(3 * day) == ConversationsPrunedTotal()
     finally:
         db.close()
 
