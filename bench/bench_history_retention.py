@@ -9,7 +9,8 @@ would go on: the pass's rate, its longest batch (the longest a lifecycle commit 
 it) and the create latency p50/p99 during the pass against the same loop idle just before.
 Then the notifier's store alone, the same way: TASKS / 4 delivered notifications past the
 retention, one ``NotificationRetention`` pass, and a notification enqueued one after another
-meanwhile.
+meanwhile; then one ``ConversationRetention`` pass over those notifications' history messages,
+the same way.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from libs.clock import SystemClock  # noqa: E402
 from libs.db import Database  # noqa: E402
 from services.notifier.domain import Kind, Notification  # noqa: E402
-from services.notifier.retention import NotificationRetention  # noqa: E402
+from services.notifier.retention import ConversationRetention, NotificationRetention  # noqa: E402
 from services.notifier.store import MIGRATIONS as NOTIFIER_MIGRATIONS  # noqa: E402
 from services.notifier.store import NotifierStore  # noqa: E402
 from services.scheduler.domain import Attempt, State, Task  # noqa: E402
@@ -146,10 +147,10 @@ async def measured_pass(
     batches: list[float] = []
     prune = getattr(store, prune_name)
 
-    async def timed(cutoff: int, limit: int) -> Any:
+    async def timed(*args: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return await prune(cutoff, limit)
+            return await prune(*args)
         finally:
             batches.append((time.perf_counter() - t0) * 1000)
 
@@ -221,12 +222,28 @@ async def notifier_pass(tmp: Path) -> None:
         lambda: retention.prune_once(NOW_MS),
         lambda first, stop: enqueues(store, first, stop),
     )
-    db.close()
     assert m.pruned.notifications == count, m.pruned
     print(f"notification retention, SQLite, {count:,} delivered notifications (each a conversation message, kept):")
     print(
         f"  pass: {m.pruned.notifications:,} notifications in {m.seconds:.2f} s "
         f"({m.pruned.notifications / m.seconds:,.0f}/s); {batch_figures(m)}"
+    )
+    print(latencies("an enqueue", m))
+    # The same conversations' history: the notifications' messages, all past the retention (the
+    # enqueues above and meanwhile are recent and stay).
+    history = ConversationRetention(store, RETENTION_MS, SystemClock())
+    m = await measured_pass(
+        store,
+        "prune_conversations",
+        lambda: history.prune_once(NOW_MS),
+        lambda first, stop: enqueues(store, 20_000_000 + first, stop),
+    )
+    db.close()
+    assert m.pruned.messages == count, m.pruned
+    print(f"conversation retention, SQLite, {count:,} history messages past the retention:")
+    print(
+        f"  pass: {m.pruned.messages:,} messages in {m.seconds:.2f} s ({m.pruned.messages / m.seconds:,.0f}/s); "
+        f"{batch_figures(m)}"
     )
     print(latencies("an enqueue", m))
 
