@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -47,8 +47,9 @@ class ConversationsPrunedTotal:
 
 
 class _Retention(Generic[B, T]):
-    """Passes of one kind of history: each deletes batch after batch (a store call given the
-    cutoff and the batch size) until one finds nothing old, then counts and logs what went."""
+    """Passes of one kind of history: each deletes batch after batch (``prune``, given the
+    cutoff and the batch size) until one finds nothing old (``found``), then counts and logs
+    what went."""
 
     total: Callable[..., T]  # a pass's totals from the batches' summed fields and their number
     event: str  # the log line of a pass that deleted something
@@ -56,19 +57,27 @@ class _Retention(Generic[B, T]):
 
     def __init__(
         self,
-        prune: Callable[[int, int], Awaitable[B]],
-        found: Callable[[B], int],
+        store: NotifierStore,
         retention_ms: int,
         clock: Clock,
-        stop: Callable[[], bool],
-        batch: int,
+        stop: Callable[[], bool] = lambda: False,
+        batch: int = PRUNE_BATCH,
     ) -> None:
-        self.prune = prune
-        self.found = found
+        self.store = store
         self.retention_ms = retention_ms
         self.clock = clock
         self.stop = stop
         self.batch = batch
+
+    async def prune(self, cutoff: int, limit: int) -> B:
+        raise NotImplementedError
+
+    def found(self, batch: B) -> int:
+        """The old rows a batch found (none: the pass is over)."""
+        raise NotImplementedError
+
+    def counted(self, total: T) -> None:
+        """Add a pass's deletions to the service's metrics."""
 
     async def loop(self) -> None:
         await run_passes(self.retention_ms, self.prune_once, self.clock.now_ms, self.stop, log, self.failure_event)
@@ -87,26 +96,17 @@ class _Retention(Generic[B, T]):
             log.info(self.event, **vars(total), seconds=round(time.perf_counter() - began, 3))
         return total
 
-    def counted(self, total: T) -> None:
-        """Add a pass's deletions to the service's metrics."""
-
 
 class NotificationRetention(_Retention[NotificationsPruned, NotificationsPrunedTotal]):
     total = NotificationsPrunedTotal
     event = "notifications_pruned"
     failure_event = "notification_prune_failed"
 
-    def __init__(
-        self,
-        store: NotifierStore,
-        retention_ms: int,
-        clock: Clock,
-        stop: Callable[[], bool] = lambda: False,
-        batch: int = PRUNE_BATCH,
-    ) -> None:
-        # Looked up per batch, not bound once: a benchmark times the store's calls by wrapping them.
-        prune = lambda cutoff, limit: store.prune_notifications(cutoff, limit)  # noqa: E731
-        super().__init__(prune, lambda p: p.notifications, retention_ms, clock, stop, batch)
+    async def prune(self, cutoff: int, limit: int) -> NotificationsPruned:
+        return await self.store.prune_notifications(cutoff, limit)
+
+    def found(self, batch: NotificationsPruned) -> int:
+        return batch.notifications
 
     def counted(self, total: NotificationsPrunedTotal) -> None:
         NOTIFICATIONS_PRUNED.inc(total.notifications)
@@ -117,16 +117,11 @@ class ConversationRetention(_Retention[ConversationsPruned, ConversationsPrunedT
     event = "conversations_pruned"
     failure_event = "conversation_prune_failed"
 
-    def __init__(
-        self,
-        store: NotifierStore,
-        retention_ms: int,
-        clock: Clock,
-        stop: Callable[[], bool] = lambda: False,
-        batch: int = PRUNE_BATCH,
-    ) -> None:
-        prune = lambda cutoff, limit: store.prune_conversations(cutoff, limit)  # noqa: E731 (as above)
-        super().__init__(prune, lambda p: p.messages + p.events, retention_ms, clock, stop, batch)
+    async def prune(self, cutoff: int, limit: int) -> ConversationsPruned:
+        return await self.store.prune_conversations(cutoff, limit)
+
+    def found(self, batch: ConversationsPruned) -> int:
+        return batch.messages + batch.events
 
     def counted(self, total: ConversationsPrunedTotal) -> None:
         for kind, rows in (("message", total.messages), ("response", total.responses), ("event", total.events)):
