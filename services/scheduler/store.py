@@ -382,35 +382,37 @@ _EVENTS_AFTER = Direct(
 )
 
 
-def _write_task(session: Tx, task: Task, new: bool = False) -> None:
-    doc = task.model_dump_json(exclude_none=True)
+def _task_values(task: Task, new: bool) -> dict[str, Any]:
+    """A task's row: every column for an insert; for an update the ones a change may move."""
+    values = {
+        "task_id": task.task_id,
+        "state": task.state.value,
+        "updated_at": task.updated_at,
+        "doc": task.model_dump_json(exclude_none=True),
+        "owner_host": task.owner_host,
+    }
     if new:
-        _INSERT_TASK.execute(
-            session,
-            {
-                "task_id": task.task_id,
-                "agent_id": task.agent_id,
-                "session_id": task.session_id,
-                "state": task.state.value,
-                "request_id": task.request_id,
-                "created_at": task.created_at,
-                "updated_at": task.updated_at,
-                "doc": doc,
-                "owner_host": task.owner_host,
-                "parent_task_id": task.parent_task_id,
-            },
+        values.update(
+            agent_id=task.agent_id,
+            session_id=task.session_id,
+            request_id=task.request_id,
+            created_at=task.created_at,
+            parent_task_id=task.parent_task_id,
         )
+    return values
+
+
+def _write_task(session: Tx, task: Task, new: bool = False) -> None:
+    values = _task_values(task, new)
+    if new:
+        _INSERT_TASK.execute(session, values)
     else:
-        _UPDATE_TASK.execute(
-            session,
-            {
-                "k_task_id": task.task_id,
-                "state": task.state.value,
-                "updated_at": task.updated_at,
-                "doc": doc,
-                "owner_host": task.owner_host,
-            },
-        )
+        values["k_task_id"] = values.pop("task_id")
+        _UPDATE_TASK.execute(session, values)
+    _notify_queued(session, task)
+
+
+def _notify_queued(session: Tx, task: Task) -> None:
     if task.state == State.QUEUED and task.owner_host is None:
         notify(session, "queued")  # any replica's dispatcher may take it
 
@@ -440,6 +442,28 @@ def _append_event(session: Tx, task: Task, event_type: str, at: int, origin: str
         },
     )
     notify(session, f"events:{origin}")  # the other replicas' watchers follow the log
+    return StoredEvent(int(key.id), event_type, at, task, origin)
+
+
+def _write_with_event(
+    s: Tx, task: Task, event_type: str, at: int, origin: str, new: bool = False, attempt: Attempt | None = None
+) -> StoredEvent:
+    """The task's row (inserted when ``new``), ``attempt``'s and the change's event, as
+    ``_write_task``, ``_write_attempt`` and ``_append_event`` one after another would write
+    them. On PostgreSQL in one statement (``_PG_CHANGES``): each is a round trip through psycopg,
+    and three statements cost ≈ 2.5x the CPU of one that does their work."""
+    if s.conn.dialect.name != "postgresql":
+        _write_task(s, task, new)
+        if attempt is not None:
+            _write_attempt(s, attempt)
+        return _append_event(s, task, event_type, at, origin)
+    params = _task_values(task, new)
+    params.update(type=event_type, at=at, ev_state=task.state.value, ev_doc=_event_doc(task, event_type), origin=origin)
+    if attempt is not None:
+        params.update({f"a_{k}": v for k, v in _attempt_values(attempt).items()})
+    (key,) = _PG_CHANGES[new, attempt is not None].rows(s, params)
+    _notify_queued(s, task)
+    notify(s, f"events:{origin}")
     return StoredEvent(int(key.id), event_type, at, task, origin)
 
 
@@ -514,9 +538,10 @@ class SchedulerStore:
                 )
                 if existing:
                     return _task_from_row(existing[0]), None
+            if continues is None:
+                return task, _write_with_event(s, task, "task.state_changed", task.created_at, self.host_id, new=True)
             _write_task(s, task, new=True)
-            if continues is not None:
-                _link_continuation(s, continues, task)
+            _link_continuation(s, continues, task)
             return task, _append_event(s, task, "task.state_changed", task.created_at, self.host_id)
 
         try:
@@ -706,11 +731,14 @@ class SchedulerStore:
                 after.updated_at = max(after.updated_at, at)  # updatedAt moves with every state change
             release_when_requeued(before, after)
             after.version = before.version + 1
-            _write_task(s, after)
-            if attempt is not None:
-                _write_attempt(s, attempt)
             closes = self._queue_question_close(s, before, after, at)
-            stored = _append_event(s, after, event_type, at, self.host_id) if event_type else None
+            if event_type:
+                stored: StoredEvent | None = _write_with_event(s, after, event_type, at, self.host_id, attempt=attempt)
+            else:
+                _write_task(s, after)
+                if attempt is not None:
+                    _write_attempt(s, attempt)
+                stored = None
             return after, (
                 dataclasses.replace(stored, previous=before.state, closes_questions=closes) if stored else None
             )
@@ -1318,15 +1346,46 @@ _UPSERT_ATTEMPT_SQL = text(
 _UPSERT_ATTEMPT = Direct(_UPSERT_ATTEMPT_SQL)
 
 
+def _pg_change(new: bool, with_attempt: bool) -> Direct:
+    """PostgreSQL: a change's task row (inserted or updated), its attempt's row (inserted or
+    updated) and its event, one statement (a data-modifying WITH; the event's foreign key is
+    checked at the statement's end, when the new task row is there)."""
+    if new:
+        task = f"INSERT INTO tasks ({', '.join(_TASK_COLUMNS)}) VALUES ({', '.join(':' + c for c in _TASK_COLUMNS)})"
+    else:
+        task = (
+            "UPDATE tasks SET state = :state, updated_at = :updated_at, doc = :doc, owner_host = :owner_host"
+            " WHERE task_id = :task_id"
+        )
+    parts = [f"changed AS ({task})"]
+    if with_attempt:
+        parts.append(
+            "saved AS (INSERT INTO attempts (attempt_id, task_id, number, token_hash, doc)"
+            " VALUES (:a_attempt_id, :a_task_id, :a_number, :a_token_hash, :a_doc)"
+            " ON CONFLICT (attempt_id) DO UPDATE SET doc = excluded.doc)"
+        )
+    return Direct(
+        text(
+            f"WITH {', '.join(parts)} INSERT INTO task_events (task_id, type, at, state, doc, origin)"
+            " VALUES (:task_id, :type, :at, :ev_state, :ev_doc, :origin) RETURNING id"
+        ),
+        returns=["id"],
+    )
+
+
+_PG_CHANGES = {(new, attempt): _pg_change(new, attempt) for new in (False, True) for attempt in (False, True)}
+
+
+def _attempt_values(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "attempt_id": attempt.attempt_id,
+        "task_id": attempt.task_id,
+        "number": attempt.number,
+        "token_hash": attempt.token_hash,
+        "doc": attempt.model_dump_json(exclude_none=True),
+    }
+
+
 def _write_attempt(s: Tx, attempt: Attempt) -> None:
     """One statement, insert or update: the launch inserts the row, every later save updates it."""
-    _UPSERT_ATTEMPT.execute(
-        s,
-        {
-            "attempt_id": attempt.attempt_id,
-            "task_id": attempt.task_id,
-            "number": attempt.number,
-            "token_hash": attempt.token_hash,
-            "doc": attempt.model_dump_json(exclude_none=True),
-        },
-    )
+    _UPSERT_ATTEMPT.execute(s, _attempt_values(attempt))
