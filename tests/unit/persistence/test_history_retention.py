@@ -407,3 +407,72 @@ async def test_a_pass_killed_midway_leaves_whole_tasks_and_the_next_one_finishes
         assert count(db, "tasks") == 1 and count(db, "attempts") == 0
     finally:
         db.close()
+
+
+CONVERSATION_PRUNER = """
+import asyncio, sys
+from libs.db import Database
+from services.notifier.store import MIGRATIONS, NotifierStore
+
+async def main() -> None:
+    store = NotifierStore(Database(sys.argv[1], MIGRATIONS))
+    while (await store.prune_conversations(int(sys.argv[2]), 50)).messages:
+        print("batch", flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_conversation_pass_killed_midway_leaves_each_answer_whole(db_url: str) -> None:
+    """SIGKILL a process pruning history back to back: messages went in whole batches, and every
+    final response kept has its message and every answer's message its response (both go in one
+    transaction); the next pass finishes."""
+    db = Database(db_url, NOTIFIER_MIGRATIONS)
+    db.migrate()
+    try:
+        store = NotifierStore(db)
+        total = 1200
+        for start in range(0, total, 200):
+            await asyncio.gather(
+                *(
+                    store.publish(
+                        Response(
+                            agent_id="a",
+                            session_id=f"s{n % 7}",
+                            response_id=f"r{n}",
+                            text="answer",
+                            final=True,
+                            created_at=1000 + n,
+                            updated_at=1000 + n,
+                        )
+                    )
+                    for n in range(start, start + 200)
+                )
+            )
+        pruner = subprocess.Popen(
+            [sys.executable, "-c", CONVERSATION_PRUNER, db_url, str(CUTOFF)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert pruner.stdout is not None
+        for _ in range(3):
+            assert pruner.stdout.readline() == "batch\n"
+        pruner.send_signal(signal.SIGKILL)
+        pruner.wait(timeout=30)
+
+        left = count(db, "messages")
+        assert 0 < left <= total - 150 and (total - left) % 50 == 0, left
+        with db.engine.connect() as conn:
+            for halves in (
+                "SELECT count(*) FROM responses r WHERE NOT EXISTS (SELECT 1 FROM messages m"
+                " WHERE m.agent_id = r.agent_id AND m.session_id = r.session_id AND m.response_id = r.response_id)",
+                "SELECT count(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM responses r"
+                " WHERE r.agent_id = m.agent_id AND r.session_id = m.session_id AND r.response_id = m.response_id)",
+            ):
+                assert conn.execute(text(halves)).scalar_one() == 0, halves
+        while (await store.prune_conversations(CUTOFF)).messages:
+            pass
+        assert count(db, "messages") == 0 and count(db, "responses") == 0
+    finally:
+        db.close()
