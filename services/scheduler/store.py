@@ -1338,11 +1338,19 @@ _UPSERT_HOST = text(
     " ON CONFLICT (host_id) DO UPDATE SET boot_id = excluded.boot_id, started_at = excluded.started_at,"
     " lease_expires_at = excluded.lease_expires_at"
 )
-_UPSERT_ATTEMPT_SQL = text(
-    "INSERT INTO attempts (attempt_id, task_id, number, token_hash, doc)"
-    " VALUES (:attempt_id, :task_id, :number, :token_hash, :doc)"
-    " ON CONFLICT (attempt_id) DO UPDATE SET doc = excluded.doc"
-)
+_ATTEMPT_COLUMNS = ["attempt_id", "task_id", "number", "token_hash", "doc"]
+
+
+def _attempt_upsert(prefix: str = "") -> str:
+    """The attempt's row, inserted or (its document) updated; parameters named ``prefix`` + column."""
+    return (
+        f"INSERT INTO attempts ({', '.join(_ATTEMPT_COLUMNS)})"
+        f" VALUES ({', '.join(':' + prefix + c for c in _ATTEMPT_COLUMNS)})"
+        " ON CONFLICT (attempt_id) DO UPDATE SET doc = excluded.doc"
+    )
+
+
+_UPSERT_ATTEMPT_SQL = text(_attempt_upsert())
 _UPSERT_ATTEMPT = Direct(_UPSERT_ATTEMPT_SQL)
 
 
@@ -1359,15 +1367,13 @@ def _pg_change(new: bool, with_attempt: bool) -> Direct:
         )
     parts = [f"changed AS ({task})"]
     if with_attempt:
-        parts.append(
-            "saved AS (INSERT INTO attempts (attempt_id, task_id, number, token_hash, doc)"
-            " VALUES (:a_attempt_id, :a_task_id, :a_number, :a_token_hash, :a_doc)"
-            " ON CONFLICT (attempt_id) DO UPDATE SET doc = excluded.doc)"
-        )
+        parts.append(f"saved AS ({_attempt_upsert('a_')})")
+    # The event's own state and document are named apart from the task row's.
+    values = ", ".join(":" + {"state": "ev_state", "doc": "ev_doc"}.get(c, c) for c in _EVENT_COLUMNS)
     return Direct(
         text(
-            f"WITH {', '.join(parts)} INSERT INTO task_events (task_id, type, at, state, doc, origin)"
-            " VALUES (:task_id, :type, :at, :ev_state, :ev_doc, :origin) RETURNING id"
+            f"WITH {', '.join(parts)} INSERT INTO task_events ({', '.join(_EVENT_COLUMNS)})"
+            f" VALUES ({values}) RETURNING id"
         ),
         returns=["id"],
     )
