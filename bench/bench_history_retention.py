@@ -10,7 +10,9 @@ it) and the create latency p50/p99 during the pass against the same loop idle ju
 Then the notifier's store alone, the same way: TASKS / 4 delivered notifications past the
 retention, one ``NotificationRetention`` pass, and a notification enqueued one after another
 meanwhile; then one ``ConversationRetention`` pass over those notifications' history messages,
-the same way.
+the same way. Then the pending-registry's store: TASKS / 4 ended tasks with two questions each
+(one replaced, one answered), closed past the retention, one ``QuestionRetention`` pass, and a
+task's question asked one after another meanwhile.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from services.notifier.domain import Kind, Notification  # noqa: E402
 from services.notifier.retention import ConversationRetention, NotificationRetention  # noqa: E402
 from services.notifier.store import MIGRATIONS as NOTIFIER_MIGRATIONS  # noqa: E402
 from services.notifier.store import NotifierStore  # noqa: E402
+from services.pending_registry.domain import AnswerAttempt, NewQuestion  # noqa: E402
+from services.pending_registry.retention import QuestionRetention  # noqa: E402
+from services.pending_registry.store import MIGRATIONS as PENDING_MIGRATIONS  # noqa: E402
+from services.pending_registry.store import PendingStore  # noqa: E402
 from services.scheduler.domain import Attempt, State, Task  # noqa: E402
 from services.scheduler.history_retention import HistoryRetention  # noqa: E402
 from services.scheduler.store import MIGRATIONS, PRUNE_BATCH, SchedulerStore  # noqa: E402
@@ -248,10 +254,54 @@ async def notifier_pass(tmp: Path) -> None:
     print(latencies("an enqueue", m))
 
 
+async def asks(store: PendingStore, first: int, stop: asyncio.Event) -> list[float]:
+    """Question latencies (ms): a new task's question, one after another until ``stop``."""
+    times = []
+    i = first
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        await store.ask_question(NewQuestion(f"{i:032x}", "s1", "which branch should I use?"), NOW_MS)
+        times.append((time.perf_counter() - t0) * 1000)
+        i += 1
+    return times
+
+
+async def registry_pass(tmp: Path) -> None:
+    count = TASKS // 4  # tasks that asked are a fraction of all
+    db = Database(f"sqlite:///{tmp / 'pending.db'}", PENDING_MIGRATIONS)
+    db.migrate()
+    store = PendingStore(db)
+    began = time.perf_counter()
+
+    async def ended(i: int) -> None:
+        task_id = f"{i:032x}"
+        await store.ask_question(NewQuestion(task_id, f"s{i % 50}", "first, replaced?"), DAY_MS)
+        second, _, _ = await store.ask_question(NewQuestion(task_id, f"s{i % 50}", "second, answered?"), DAY_MS)
+        await store.answer_question(AnswerAttempt(task_id, second.question_id, "yes", "alice"), DAY_MS)
+        await store.cancel_questions(task_id, DAY_MS + i)
+
+    for start in range(0, count, 200):
+        await asyncio.gather(*(ended(i) for i in range(start, min(count, start + 200))))
+    print(f"  filled {count:,} ended tasks with 2 questions each in {time.perf_counter() - began:.1f} s", flush=True)
+    retention = QuestionRetention(store, RETENTION_MS, SystemClock())
+    m = await measured_pass(
+        store, "prune_closed", lambda: retention.prune_once(NOW_MS), lambda first, stop: asks(store, first, stop)
+    )
+    db.close()
+    assert m.pruned.tasks == count and m.pruned.questions == 2 * count, m.pruned
+    print(f"question retention, SQLite, {count:,} ended tasks' {2 * count:,} questions past the retention:")
+    print(
+        f"  pass: {m.pruned.tasks:,} tasks' questions in {m.seconds:.2f} s ({m.pruned.tasks / m.seconds:,.0f} "
+        f"tasks/s); {batch_figures(m)}"
+    )
+    print(latencies("a question asked", m))
+
+
 async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         await scheduler_pass(Path(tmp))
         await notifier_pass(Path(tmp))
+        await registry_pass(Path(tmp))
     print(f"  (reproduce: .venv/bin/python bench/bench_history_retention.py {TASKS})")
 
 

@@ -1,18 +1,24 @@
 """Deleting old history in short batches (the scheduler's finished tasks, the notifier's
-finished notifications): each batch is its own transaction, and a pause as long as the batch
-took follows it, so the service's own commits, which wait for the database while a batch
-holds it, get at least half of it during a pass."""
+finished notifications and conversations, the pending-registry's questions of ended tasks):
+each batch is its own transaction, and a pause as long as the batch took follows it, so the
+service's own commits, which wait for the database while a batch holds it, get at least half
+of it during a pass."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
 
-B = TypeVar("B")
+from libs.clock import Clock
+
+B = TypeVar("B")  # one batch's counts (a dataclass of ints)
+T = TypeVar("T")  # a pass's totals: the batch's fields summed, and the batches
+S = TypeVar("S")  # the store a kind prunes
 
 MIN_PAUSE_S = 0.002
 PASS_INTERVAL_S = 3600.0
@@ -62,3 +68,50 @@ async def run_passes(
             await prune_once(now_ms())
         except Exception:
             log.exception(failure_event)
+
+
+class Retention(Generic[S, B, T]):
+    """Passes of one kind of history: each deletes batch after batch (``prune``, given the
+    cutoff and the batch size) until one finds nothing old (``found``), then counts and logs
+    what went. A kind says its totals, its log lines and its logger."""
+
+    total: Callable[..., T]  # a pass's totals from the batches' summed fields and their number
+    event: str  # the log line of a pass that deleted something
+    failure_event: str
+    log: structlog.typing.FilteringBoundLogger
+
+    def __init__(
+        self, store: S, retention_ms: int, clock: Clock, stop: Callable[[], bool] = lambda: False, batch: int = 100
+    ) -> None:
+        self.store = store
+        self.retention_ms = retention_ms
+        self.clock = clock
+        self.stop = stop
+        self.batch = batch
+
+    async def prune(self, cutoff: int, limit: int) -> B:
+        raise NotImplementedError
+
+    def found(self, batch: B) -> int:
+        """The old rows a batch found (none: the pass is over)."""
+        raise NotImplementedError
+
+    def counted(self, total: T) -> None:
+        """Add a pass's deletions to the service's metrics."""
+
+    async def loop(self) -> None:
+        await run_passes(self.retention_ms, self.prune_once, self.clock.now_ms, self.stop, self.log, self.failure_event)
+
+    async def prune_once(self, now_ms: int) -> T:
+        cutoff = now_ms - self.retention_ms
+        began = time.perf_counter()
+        batches = await in_batches(lambda: self.prune(cutoff, self.batch), self.found, self.stop)
+        sums: dict[str, int] = {}
+        for found in batches:  # each field summed over the batches
+            for name, rows in dataclasses.asdict(found).items():  # type: ignore[call-overload]
+                sums[name] = sums.get(name, 0) + rows
+        total = self.total(**sums, batches=len(batches))
+        if batches:
+            self.counted(total)
+            self.log.info(self.event, **vars(total), seconds=round(time.perf_counter() - began, 3))
+        return total

@@ -326,6 +326,10 @@ class Settings(_Frozen):
     # it from the hostname and the data dir (see services.scheduler.hosts).
     scheduler_host_id: str = ""
     pending_db_url: str = ""
+    # The pending-registry deletes a task's questions this long after the scheduler closed them
+    # because the task ended for good (a paused task's stay); checked hourly. 0 (the default)
+    # keeps them all.
+    pending_question_retention_ms: int = Field(0, ge=0)
     notifier_db_url: str = ""
     gateway_db_url: str = ""
     log_format: Literal["auto", "json", "console"] = "auto"

@@ -4,31 +4,23 @@ default (0 keeps everything):
 - ``[notifier] notification_retention_ms``: notifications done with that long after they were
   made go with their delivery attempts (``NotifierStore.prune_notifications``);
 - ``[notifier] conversation_retention_ms``: the conversation's history messages, the final
-  response snapshots behind them and its conversation events that old
-  (``NotifierStore.prune_conversations``).
+  response snapshots behind them, its conversation events and its settled questions' reminder
+  rows that old (``NotifierStore.prune_conversations``).
 
 The activity stream has its own bounds (``activity_retention_*``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import structlog
 
-from libs.clock import Clock
-from libs.retention import in_batches, run_passes
+from libs.retention import Retention
 from services.notifier.metrics import CONVERSATION_ROWS_PRUNED, NOTIFICATIONS_PRUNED
-from services.notifier.store import PRUNE_BATCH, ConversationsPruned, NotificationsPruned, NotifierStore
+from services.notifier.store import ConversationsPruned, NotificationsPruned, NotifierStore
 
 log = structlog.get_logger("notifier")
-
-B = TypeVar("B")  # one batch's counts
-T = TypeVar("T")  # a pass's totals: the batch's fields summed, and the batches
 
 
 @dataclass
@@ -43,61 +35,12 @@ class ConversationsPrunedTotal:
     messages: int = 0
     responses: int = 0
     events: int = 0
+    reminders: int = 0
     batches: int = 0
 
 
-class _Retention(Generic[B, T]):
-    """Passes of one kind of history: each deletes batch after batch (``prune``, given the
-    cutoff and the batch size) until one finds nothing old (``found``), then counts and logs
-    what went."""
-
-    total: Callable[..., T]  # a pass's totals from the batches' summed fields and their number
-    event: str  # the log line of a pass that deleted something
-    failure_event: str
-
-    def __init__(
-        self,
-        store: NotifierStore,
-        retention_ms: int,
-        clock: Clock,
-        stop: Callable[[], bool] = lambda: False,
-        batch: int = PRUNE_BATCH,
-    ) -> None:
-        self.store = store
-        self.retention_ms = retention_ms
-        self.clock = clock
-        self.stop = stop
-        self.batch = batch
-
-    async def prune(self, cutoff: int, limit: int) -> B:
-        raise NotImplementedError
-
-    def found(self, batch: B) -> int:
-        """The old rows a batch found (none: the pass is over)."""
-        raise NotImplementedError
-
-    def counted(self, total: T) -> None:
-        """Add a pass's deletions to the service's metrics."""
-
-    async def loop(self) -> None:
-        await run_passes(self.retention_ms, self.prune_once, self.clock.now_ms, self.stop, log, self.failure_event)
-
-    async def prune_once(self, now_ms: int) -> T:
-        cutoff = now_ms - self.retention_ms
-        began = time.perf_counter()
-        batches = await in_batches(lambda: self.prune(cutoff, self.batch), self.found, self.stop)
-        sums: dict[str, int] = {}
-        for found in batches:  # each field summed over the batches
-            for name, rows in dataclasses.asdict(found).items():  # type: ignore[call-overload]
-                sums[name] = sums.get(name, 0) + rows
-        total = self.total(**sums, batches=len(batches))
-        if batches:
-            self.counted(total)
-            log.info(self.event, **vars(total), seconds=round(time.perf_counter() - began, 3))
-        return total
-
-
-class NotificationRetention(_Retention[NotificationsPruned, NotificationsPrunedTotal]):
+class NotificationRetention(Retention[NotifierStore, NotificationsPruned, NotificationsPrunedTotal]):
+    log = log
     total = NotificationsPrunedTotal
     event = "notifications_pruned"
     failure_event = "notification_prune_failed"
@@ -112,7 +55,8 @@ class NotificationRetention(_Retention[NotificationsPruned, NotificationsPrunedT
         NOTIFICATIONS_PRUNED.inc(total.notifications)
 
 
-class ConversationRetention(_Retention[ConversationsPruned, ConversationsPrunedTotal]):
+class ConversationRetention(Retention[NotifierStore, ConversationsPruned, ConversationsPrunedTotal]):
+    log = log
     total = ConversationsPrunedTotal
     event = "conversations_pruned"
     failure_event = "conversation_prune_failed"
@@ -121,9 +65,10 @@ class ConversationRetention(_Retention[ConversationsPruned, ConversationsPrunedT
         return await self.store.prune_conversations(cutoff, limit)
 
     def found(self, batch: ConversationsPruned) -> int:
-        return batch.messages + batch.events
+        return batch.messages + batch.events + batch.reminders
 
     def counted(self, total: ConversationsPrunedTotal) -> None:
-        for kind, rows in (("message", total.messages), ("response", total.responses), ("event", total.events)):
+        kinds = ("message", total.messages), ("response", total.responses), ("event", total.events)
+        for kind, rows in (*kinds, ("question_reminder", total.reminders)):
             if rows:
                 CONVERSATION_ROWS_PRUNED.labels(kind=kind).inc(rows)

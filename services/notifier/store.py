@@ -138,6 +138,11 @@ MIGRATIONS = [
             "CREATE INDEX ix_conversation_events_at ON conversation_events (at)",
         ],
     ),
+    Migration(
+        6,
+        "conversation retention finds old settled questions by when they were asked",
+        ["CREATE INDEX ix_question_reminders_asked ON question_reminders (asked_at)"],
+    ),
 ]
 
 
@@ -724,6 +729,14 @@ _PRUNE_EVENTS = (
     .limit(bindparam("limit"))
     .with_for_update(skip_locked=True)
 )
+# Questions settled (answered, replaced, closed) and asked before the cutoff: their reminders
+# are over. An open one stays whatever its age: its reminders still come.
+_PRUNE_REMINDERS = (
+    select(ReminderRow.question_id)
+    .where(col(ReminderRow.asked_at) < bindparam("cutoff"), col(ReminderRow.state) != QuestionState.OPEN.value)
+    .limit(bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
 
 
 @dataclass(frozen=True)
@@ -731,6 +744,7 @@ class ConversationsPruned:
     messages: int
     responses: int
     events: int
+    reminders: int = 0
 
 
 class NotifierStore:
@@ -1142,16 +1156,18 @@ class NotifierStore:
         return await self.db.run(work)
 
     async def prune_conversations(self, cutoff: int, limit: int = PRUNE_BATCH) -> ConversationsPruned:
-        """Delete up to ``limit`` history messages and up to ``limit`` conversation events from
-        before ``cutoff`` (ms), with the final response snapshots those messages came from, in
-        one transaction. A response still streaming has no message yet and stays; so do the
-        notifications (their own retention) and the activity frames (theirs)."""
+        """Delete up to ``limit`` history messages, conversation events and settled questions'
+        reminder rows each from before ``cutoff`` (ms), with the final response snapshots those
+        messages came from, in one transaction. A response still streaming has no message yet
+        and stays, as does a question still open; so do the notifications (their own
+        retention) and the activity frames (theirs)."""
 
         def work(s: Session) -> ConversationsPruned:
             conn = s.connection()
             params = {"cutoff": cutoff, "limit": limit}
             messages = conn.execute(_PRUNE_MESSAGES, params).all()
             event_ids = [r.id for r in conn.execute(_PRUNE_EVENTS, params)]
+            question_ids = [r.question_id for r in conn.execute(_PRUNE_REMINDERS, params)]
             responses = 0
             if messages:
                 conn.execute(delete(MessageRow).where(col(MessageRow.message_id).in_([m.message_id for m in messages])))
@@ -1167,7 +1183,9 @@ class NotifierStore:
                     ).rowcount
             if event_ids:
                 conn.execute(delete(EventRow).where(col(EventRow.id).in_(event_ids)))
-            return ConversationsPruned(len(messages), int(responses or 0), len(event_ids))
+            if question_ids:
+                conn.execute(delete(ReminderRow).where(col(ReminderRow.question_id).in_(question_ids)))
+            return ConversationsPruned(len(messages), int(responses or 0), len(event_ids), len(question_ids))
 
         return await self.db.run(work)
 

@@ -17,3 +17,7 @@ ENTRY_CLAIMS = Counter("taskgate_pending_entry_claims_total", "Pending entries c
 QUESTIONS = Counter(
     "taskgate_pending_questions_total", "Task questions asked and answered (first answer only)", ["event"]
 )
+QUESTIONS_PRUNED = Counter(
+    "taskgate_pending_questions_pruned_total",
+    "Questions deleted by question retention (tasks ended longer ago than pending_question_retention_ms)",
+)

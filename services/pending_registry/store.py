@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy import BigInteger, bindparam, delete, func
+from sqlalchemy import BigInteger, bindparam, column, delete, func, insert, table
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -72,6 +74,16 @@ MIGRATIONS = [
             "DROP TABLE pending_snapshots",
             "ALTER TABLE pending_snapshots_v2 RENAME TO pending_snapshots",
             "CREATE INDEX ix_pending_snapshots_session ON pending_snapshots (session_id)",
+        ],
+    ),
+    # The tasks whose questions the scheduler closed because the task ended for good
+    # (CancelQuestions): what question retention may delete once that is long enough ago.
+    Migration(
+        3,
+        "ended tasks, for question retention",
+        [
+            "CREATE TABLE closed_tasks (task_id VARCHAR(32) PRIMARY KEY, closed_at BIGINT NOT NULL)",
+            "CREATE INDEX ix_closed_tasks_at ON closed_tasks (closed_at)",
         ],
     ),
 ]
@@ -138,6 +150,27 @@ _DELETE_SESSION_SNAPSHOT = _SNAPSHOTS.delete().where(
     _SNAPSHOTS.c.agent_id == bindparam("agent_id"), _SNAPSHOTS.c.session_id == bindparam("session_id")
 )
 _DELETE_ENTRY_SNAPSHOT = _SNAPSHOTS.delete().where(_SNAPSHOTS.c.entry_id == bindparam("id"))
+_CLOSED = table("closed_tasks", column("task_id"), column("closed_at"))
+_QUESTIONS = QuestionRow.__table__  # type: ignore[attr-defined]
+_CLOSED_KNOWN = sa_select(_CLOSED.c.task_id).where(_CLOSED.c.task_id == bindparam("task_id"))
+_MARK_CLOSED = insert(_CLOSED)
+# The oldest ended tasks first, through ix_closed_tasks_at.
+_CLOSED_BEFORE = (
+    sa_select(_CLOSED.c.task_id)
+    .where(_CLOSED.c.closed_at < bindparam("cutoff"))
+    .order_by(_CLOSED.c.closed_at)
+    .limit(bindparam("limit"))
+)
+_DELETE_QUESTIONS_OF = delete(_QUESTIONS).where(_QUESTIONS.c.task_id.in_(bindparam("task_ids", expanding=True)))
+_DELETE_CLOSED = delete(_CLOSED).where(_CLOSED.c.task_id.in_(bindparam("task_ids", expanding=True)))
+
+
+@dataclass(frozen=True)
+class QuestionsPruned:
+    """What one retention batch deleted: ended tasks' markers and their questions."""
+
+    tasks: int
+    questions: int
 
 
 # --- row <-> domain -----------------------------------------------------------
@@ -375,6 +408,10 @@ class PendingStore:
         return await self.db.run(work)
 
     async def cancel_questions(self, task_id: str, now: int) -> list[Question]:
+        """Cancel the task's open questions: the scheduler says the task ended for good. The
+        task is marked closed (first time only), in the same transaction: question retention
+        counts from then."""
+
         def work(s: Session) -> list[Question]:
             rows = s.exec(
                 select(QuestionRow)
@@ -386,7 +423,25 @@ class PendingStore:
                 question = domain.cancel_question(_question_from_row(row), now)
                 _write_question(s, question, row)
                 cancelled.append(question)
+            conn = s.connection()
+            if conn.execute(_CLOSED_KNOWN, {"task_id": task_id}).first() is None:
+                conn.execute(_MARK_CLOSED, {"task_id": task_id, "closed_at": now})
             return cancelled
+
+        return await self._retry_on_conflict(work)  # a concurrent close's marker came first
+
+    async def prune_closed(self, cutoff: int, limit: int) -> QuestionsPruned:
+        """One batch of question retention: up to ``limit`` tasks closed before ``cutoff`` (ms),
+        oldest first, lose their questions and their marker, in one transaction."""
+
+        def work(s: Session) -> QuestionsPruned:
+            conn = s.connection()
+            task_ids = list(conn.execute(_CLOSED_BEFORE, {"cutoff": cutoff, "limit": limit}).scalars())
+            if not task_ids:
+                return QuestionsPruned(0, 0)
+            questions = conn.execute(_DELETE_QUESTIONS_OF, {"task_ids": task_ids}).rowcount
+            conn.execute(_DELETE_CLOSED, {"task_ids": task_ids})
+            return QuestionsPruned(len(task_ids), questions)
 
         return await self.db.run(work)
 

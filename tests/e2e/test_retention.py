@@ -2,16 +2,22 @@
 ``[tasks] finished_task_retention_ms`` (REST then answers 404) and the newest task stays; the
 notifier deletes the delivered report past ``[notifier] notification_retention_ms``, and the
 conversation keeps the report's message until ``[notifier] conversation_retention_ms``; the
-worker's log goes by ``worker_log_retention_ms``."""
+worker's log goes by ``worker_log_retention_ms``; the pending-registry deletes an ended task's
+questions past ``pending_question_retention_ms``."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from services.scheduler.worker_log import attempt_log_path
+from taskgate.pending.v1 import pending_pb2 as ppb
+from taskgate.pending.v1 import pending_pb2_grpc as ppb_grpc
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from tests.e2e.conftest import AGENT, SESSION, Api, add_member, create_key
 from tests.support.stack import Stack, make_stack
 
@@ -27,6 +33,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     stack.env["TASKGATE_NOTIFIER_NOTIFICATION_RETENTION_MS"] = str(RETENTION_MS)
     stack.env["TASKGATE_TASKS_WORKER_LOG_RETENTION_MS"] = str(RETENTION_MS)
     stack.env["TASKGATE_NOTIFIER_CONVERSATION_RETENTION_MS"] = str(CONVERSATION_RETENTION_MS)
+    stack.env["TASKGATE_PENDING_QUESTION_RETENTION_MS"] = str(RETENTION_MS)
     stack.start()
     try:
         key = create_key(stack, "alice", AGENT)
@@ -85,3 +92,41 @@ def test_a_task_its_notification_and_then_its_message_go_past_their_retentions(a
 
 def reports_of(api: Api) -> list[dict[str, str]]:
     return [m for m in api.request("GET", "/messages").json()["messages"] if m["role"] == "notification"]
+
+
+def test_an_ended_tasks_questions_go_past_their_retention(api: Api) -> None:
+    steps = [{"ask_nowait": "first?"}, {"ask": "second?"}, {"result": {"text": "finished"}}]
+    created = api.create("asks", profile="behave", instructions=json.dumps(steps))
+    asked: dict[str, str] = {}
+
+    def both_asked(t: pb.Task) -> bool:
+        if t.pending_question.question_id:
+            asked[t.pending_question.text] = t.pending_question.question_id
+        return "second?" in asked
+
+    api.wait_for(created["taskId"], both_asked)
+    answered = api.request(
+        "POST", f"/tasks/{created['taskId']}/answer", json={"questionId": asked["second?"], "answer": "yes"}
+    )
+    assert answered.status_code == 200, answered.text
+    api.wait_state(created["taskId"], "completed")
+    ended_at = time.monotonic()
+    with api.stack.channel("pending") as channel:
+        stub = ppb_grpc.PendingRegistryServiceStub(channel)
+
+        def known(question_id: str) -> bool:
+            try:
+                stub.GetQuestion(ppb.GetQuestionRequest(question_id=question_id), timeout=10)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+                return False
+            return True
+
+        # Both revisions (the replaced one and the answered one) stay until the retention, then go.
+        assert known(asked["first?"]) and known(asked["second?"])
+        deadline = ended_at + 30
+        while known(asked["first?"]) or known(asked["second?"]):
+            assert time.monotonic() < deadline, "the ended task's questions were never deleted"
+            time.sleep(0.2)
+    assert time.monotonic() - ended_at >= RETENTION_MS / 1000 - 0.5  # not before its time (clock slack)
+    assert "questions_pruned" in api.stack.procs["pending"].logs()

@@ -88,7 +88,7 @@ async def test_migration_keeps_older_snapshots_readable(db_url: str) -> None:
     before.close()
 
     db = Database(db_url, MIGRATIONS)
-    assert db.migrate() == [2]
+    assert db.migrate() == [2, 3]
     store = PendingStore(db)
     try:
         # Any agent reads the session's older snapshot, unchanged.

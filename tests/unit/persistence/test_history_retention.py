@@ -2,7 +2,8 @@
 (``SchedulerStore.prune_finished``, ``HistoryRetention``) — what goes, what stays, and that the
 event log's ids never go back — and the notifier's notifications (``prune_notifications``,
 ``NotificationRetention``) and conversation history (``prune_conversations``,
-``ConversationRetention``)."""
+``ConversationRetention``), and the pending-registry's questions of ended tasks
+(``PendingStore.prune_closed``, ``QuestionRetention``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ from services.notifier.retention import (
 )
 from services.notifier.store import MIGRATIONS as NOTIFIER_MIGRATIONS
 from services.notifier.store import ConversationsPruned, NotificationsPruned, NotifierStore
+from services.pending_registry.domain import AnswerAttempt, NewQuestion, QuestionState
+from services.pending_registry.retention import QuestionRetention, QuestionsPrunedTotal
+from services.pending_registry.store import MIGRATIONS as PENDING_MIGRATIONS
+from services.pending_registry.store import PendingStore, QuestionsPruned
 from services.scheduler.domain import Attempt, State, Task, TaskNotFound
 from services.scheduler.history_retention import HistoryPruned, HistoryRetention
 from services.scheduler.store import MIGRATIONS, PrunedTasks, SchedulerStore
@@ -344,6 +349,91 @@ async def test_a_conversation_pass_deletes_batch_after_batch(db_url: str) -> Non
         db.close()
 
 
+async def test_settled_questions_reminder_rows_older_than_the_cutoff_go_and_open_ones_stay(db_url: str) -> None:
+    db = Database(db_url, NOTIFIER_MIGRATIONS)
+    db.migrate()
+    try:
+        rows = [  # (question, state, asked_at)
+            (1, "answered", 1000),
+            (2, "replaced", 1000),
+            (3, "closed", 1000),
+            (4, "open", 1000),  # still awaiting its answer: its reminders still come, whatever its age
+            (5, "closed", CUTOFF + 1),  # recent
+        ]
+        with db.engine.begin() as conn:
+            for n, state, asked_at in rows:
+                conn.execute(
+                    text(
+                        "INSERT INTO question_reminders (question_id, agent_id, session_id, task_id, title, text,"
+                        " state, asked_at, messages_since, reminders_sent, muted)"
+                        " VALUES (:q, 'a', 's', :t, 'title', 'which?', :state, :at, 0, 0, false)"
+                    ),
+                    {"q": tid(n), "t": tid(100 + n), "state": state, "at": asked_at},
+                )
+        store = NotifierStore(db)
+        assert await store.prune_conversations(CUTOFF) == ConversationsPruned(0, 0, 0, reminders=3)
+        with db.engine.connect() as conn:
+            left = sorted(conn.execute(text("SELECT question_id FROM question_reminders")).scalars())
+        assert left == [tid(4), tid(5)]
+        assert await store.prune_conversations(CUTOFF) == ConversationsPruned(0, 0, 0)
+    finally:
+        db.close()
+
+
+async def asked_and_answered(store: PendingStore, task: str, at: int) -> list[str]:
+    """Two revisions of ``task``'s question (the first replaced, the second answered): their ids."""
+    first, _, _ = await store.ask_question(NewQuestion(task, "s", "first?"), at)
+    second, _, _ = await store.ask_question(NewQuestion(task, "s", "second?"), at)
+    await store.answer_question(AnswerAttempt(task, second.question_id, "yes", "alice"), at)
+    return [first.question_id, second.question_id]
+
+
+async def test_an_ended_tasks_questions_go_after_the_retention_and_the_others_stay(db_url: str) -> None:
+    db = Database(db_url, PENDING_MIGRATIONS)
+    db.migrate()
+    try:
+        store = PendingStore(db)
+        ended = await asked_and_answered(store, tid(1), 1000)
+        open_question, _, _ = await store.ask_question(NewQuestion(tid(1), "s", "third?"), 1000)
+        running = await asked_and_answered(store, tid(2), 1000)  # never closed: stays whatever its age
+        late = await asked_and_answered(store, tid(3), 1000)
+        cancelled = await store.cancel_questions(tid(1), 2000)  # the task ended: its open one is cancelled
+        assert [q.question_id for q in cancelled] == [open_question.question_id]
+        await store.cancel_questions(tid(1), 4000)  # a retried close keeps the first time
+        await store.cancel_questions(tid(3), CUTOFF + 1)  # ended recently
+
+        assert await store.prune_closed(2000, 100) == QuestionsPruned(0, 0)  # closed at 2000: not before it
+        assert await store.prune_closed(CUTOFF, 100) == QuestionsPruned(tasks=1, questions=3)
+        for question_id in [*ended, open_question.question_id]:
+            assert await store.get_question(question_id) is None
+        for question_id in running + late:
+            assert await store.get_question(question_id) is not None
+        assert await store.prune_closed(CUTOFF, 100) == QuestionsPruned(0, 0)
+        with db.engine.connect() as conn:
+            assert list(conn.execute(text("SELECT task_id FROM closed_tasks")).scalars()) == [tid(3)]
+        assert (await store.get_question(running[1])).state == QuestionState.ANSWERED  # type: ignore[union-attr]
+    finally:
+        db.close()
+
+
+async def test_a_question_pass_deletes_batch_after_batch(db_url: str) -> None:
+    db = Database(db_url, PENDING_MIGRATIONS)
+    db.migrate()
+    try:
+        store = PendingStore(db)
+        for n in range(1, 8):
+            await asked_and_answered(store, tid(n), 1000)
+            await store.cancel_questions(tid(n), 1000 + n)
+        day = 86_400_000
+        retention = QuestionRetention(store, retention_ms=day, clock=SystemClock(), batch=3)
+        assert await retention.prune_once(day + 1003) == QuestionsPrunedTotal(tasks=2, questions=4, batches=1)
+        assert await retention.prune_once(2 * day) == QuestionsPrunedTotal(tasks=5, questions=10, batches=2)
+        assert count(db, "questions") == 0
+        assert await retention.prune_once(3 * day) == QuestionsPrunedTotal()
+    finally:
+        db.close()
+
+
 PRUNER = """
 import asyncio, sys
 from libs.db import Database
@@ -474,5 +564,53 @@ async def test_a_conversation_pass_killed_midway_leaves_each_answer_whole(db_url
         while (await store.prune_conversations(CUTOFF)).messages:
             pass
         assert count(db, "messages") == 0 and count(db, "responses") == 0
+    finally:
+        db.close()
+
+
+QUESTION_PRUNER = """
+import asyncio, sys
+from libs.db import Database
+from services.pending_registry.store import MIGRATIONS, PendingStore
+
+async def main() -> None:
+    store = PendingStore(Database(sys.argv[1], MIGRATIONS))
+    while (await store.prune_closed(int(sys.argv[2]), 50)).tasks:
+        print("batch", flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_question_pass_killed_midway_leaves_each_task_whole(db_url: str) -> None:
+    """SIGKILL a process pruning questions back to back: tasks went in whole batches, each with
+    all its questions and its marker (one transaction), and the next pass finishes."""
+    db = Database(db_url, PENDING_MIGRATIONS)
+    db.migrate()
+    try:
+        store = PendingStore(db)
+        total = 600
+        for start in range(0, total, 200):
+            await asyncio.gather(*(asked_and_answered(store, tid(n), 1000) for n in range(start, start + 200)))
+            await asyncio.gather(*(store.cancel_questions(tid(n), 1000 + n) for n in range(start, start + 200)))
+        pruner = subprocess.Popen(
+            [sys.executable, "-c", QUESTION_PRUNER, db_url, str(CUTOFF)], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
+        assert pruner.stdout is not None
+        for _ in range(3):
+            assert pruner.stdout.readline() == "batch\n"
+        pruner.send_signal(signal.SIGKILL)
+        pruner.wait(timeout=30)
+
+        left = count(db, "closed_tasks")
+        assert 0 < left <= total - 150 and (total - left) % 50 == 0, left
+        with db.engine.connect() as conn:
+            per_task = conn.execute(text("SELECT task_id, count(*) FROM questions GROUP BY task_id")).all()
+            marked = set(conn.execute(text("SELECT task_id FROM closed_tasks")).scalars())
+        assert {task_id for task_id, _ in per_task} == marked  # a task's questions went with its marker
+        assert {questions for _, questions in per_task} == {2}  # and all of them
+        while (await store.prune_closed(CUTOFF, 100)).tasks:
+            pass
+        assert count(db, "questions") == 0 and count(db, "closed_tasks") == 0
     finally:
         db.close()
