@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from bench.stats import (  # noqa: E402
     launch_steps,
     own_cpu_seconds,
     pct,
+    postgres_cpu_seconds,
     store_counters,
 )
 from libs.grpc_client import aio_channel  # noqa: E402
@@ -51,6 +53,7 @@ from services.scheduler.metrics import LAUNCH_STEPS  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
+from tests.support.postgres import PostgresUnavailable, fresh_database, start_postgres  # noqa: E402
 from tests.support.procs import client_security  # noqa: E402
 from tests.support.stack import Stack, make_stack  # noqa: E402
 
@@ -263,6 +266,8 @@ class CpuMeter:
 
     def _sample(self) -> dict[str, float]:
         out = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        if PG_URL is not None:  # the cluster's own processes (its backends serve the services)
+            out["postgres"] = postgres_cpu_seconds(int(PG_URL.rsplit(":", 1)[1].split("/")[0]))
         out.setdefault(SPAWN_HELPER, 0.0)
         out["workers"] = children_cpu_seconds(self.pids["scheduler"])
         out["client"] = own_cpu_seconds()
@@ -283,6 +288,8 @@ class CpuMeter:
 def cpu_line(per_task: dict[str, float]) -> str:
     services = sum(per_task[name] for name in (*CPU_PROCESSES, SPAWN_HELPER))
     parts = [f"{name} {per_task[name]:.2f}" for name in (*CPU_PROCESSES, SPAWN_HELPER, "client")]
+    if "postgres" in per_task:
+        parts.append(f"PostgreSQL's processes {per_task['postgres']:.2f}")
     return (
         f"CPU ms/task: {', '.join(parts)} (services {services:.2f}; workers, reaped {per_task['workers']:.2f}; "
         f"gateway per create request {per_task['gateway_per_create']:.2f}, {per_task['polls']:.0f} list polls; "
@@ -444,6 +451,9 @@ async def throughput_round(
     round's creates pay for them on a disk like this VM's (``stats.data_disk``)."""
     tmp = tempfile.mkdtemp(prefix="round-", dir=base)
     stack = make_stack(Path(tmp), metrics=True, **THROUGHPUT_SETTINGS)
+    if PG_URL is not None:  # every service's database in the throwaway cluster, fresh each round
+        for service in ("scheduler", "pending", "notifier", "gateway"):
+            stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(PG_URL, f"bench_{service}")
     stack.start()
     try:
         key = create_key(stack, "bench", AGENT)
@@ -513,6 +523,9 @@ async def throughput_round(
         stack.stop()
 
 
+# The throwaway cluster every service's database is in (--postgres); None: SQLite under the data dir.
+PG_URL: str | None = None
+
 # Creates in flight in the throughput run (--creates-in-flight): 16 by default; 64 finishes the creates
 # in half the run and leaves the tasks/s where they were (the lifecycle, not the client, is the limit).
 CREATES_IN_FLIGHT = 16
@@ -542,10 +555,27 @@ async def throughput_main(
         await _throughput_rounds(n, rounds, profile_to, json_to, Path(base))
 
 
+def with_postgres(run: Callable[[], None]) -> None:
+    """``run`` with every service on a throwaway PostgreSQL 15 cluster (``PG_URL``)."""
+    global PG_URL
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            url, stop = start_postgres(tmp)
+        except PostgresUnavailable as exc:
+            print(f"skipped: {exc}")
+            return
+        PG_URL = url
+        try:
+            run()
+        finally:
+            PG_URL = None
+            stop()
+
+
 async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_to: str | None, base: Path) -> None:
     rates, cpus, all_latencies, all_to_start, all_running, per_round = [], [], [], [], [], []
     disk = data_disk(base)
-    print(f"data on {disk}", flush=True)
+    print(f"data on {disk}" + ("; every service's database on a throwaway PostgreSQL 15 cluster" if PG_URL else ""))
     for r in range(rounds):
         rate, cpu, (latencies, to_start, running), held_by = await throughput_round(
             n, profile_to if r == 0 else None, base
@@ -602,7 +632,8 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
         f"  {conditions_line(median_cpu)}\n"
         f"  (client: the lean load generator, bench/lean_http.py; reproduce: "
         f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds}"
-        f"{'' if CREATES_IN_FLIGHT == 16 else f' --creates-in-flight {CREATES_IN_FLIGHT}'})"
+        f"{'' if CREATES_IN_FLIGHT == 16 else f' --creates-in-flight {CREATES_IN_FLIGHT}'}"
+        f"{' --postgres' if PG_URL else ''})"
     )
     if json_to:
         config = {
@@ -610,6 +641,7 @@ async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_t
             "creates_in_flight": CREATES_IN_FLIGHT,
             "worker_hold": held_by,
             "data_disk": disk,
+            "database": "postgresql" if PG_URL else "sqlite",
         }
         out = {"version": "taskgate", "config": config, "rounds": per_round}
         Path(json_to).write_text(json.dumps(out))
@@ -635,9 +667,21 @@ if __name__ == "__main__":
     parser.add_argument(
         "--creates-in-flight", type=int, default=CREATES_IN_FLIGHT, help="with --throughput: concurrent creates"
     )
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="with --throughput: every service on a throwaway PostgreSQL 15 cluster (its processes' CPU too)",
+    )
     args = parser.parse_args()
     CREATES_IN_FLIGHT = args.creates_in_flight
     if args.throughput:
-        asyncio.run(throughput_main(args.throughput, args.rounds, args.profile, args.json, args.data_root))
+
+        def run() -> None:
+            asyncio.run(throughput_main(args.throughput, args.rounds, args.profile, args.json, args.data_root))
+
+        if args.postgres:
+            with_postgres(run)
+        else:
+            run()
     else:
         asyncio.run(main())

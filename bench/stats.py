@@ -197,6 +197,32 @@ def cpu_seconds(pid: int) -> float:
     return user + system
 
 
+def postgres_cpu_seconds(port: int) -> float:
+    """User + system CPU so far of a PostgreSQL cluster's processes now alive: its postmaster
+    (the ``postgres`` process started with ``-p <port>``) and every process it started. A
+    backend that exited since an earlier reading takes its CPU with it: read it while the
+    clients keep their connections (pooled services do)."""
+    procs: dict[int, tuple[int, str]] = {}  # pid -> (parent pid, command line)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        procs[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
+    masters = {pid for pid, (_, cmd) in procs.items() if "postgres" in cmd and f"-p {port} " in f"{cmd} "}
+    total = 0.0
+    for pid, (parent, _) in procs.items():
+        if pid in masters or parent in masters:
+            try:
+                total += cpu_seconds(pid)
+            except OSError:
+                pass
+    return total
+
+
 def children_cpu_seconds(pid: int) -> float:
     """CPU of the process's children it has waited for (the scheduler's: its workers)."""
     _, _, user, system = cpu_fields(Path(f"/proc/{pid}/stat"))
