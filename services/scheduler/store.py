@@ -279,6 +279,23 @@ _SELECT_ATTEMPTS = Direct(
     sa.select(ATTEMPTS.c.doc).where(ATTEMPTS.c.task_id == sa.bindparam("task_id")).order_by(ATTEMPTS.c.number),
     returns=["doc"],
 )
+# PostgreSQL: a task locked with its attempts' documents (by number), one round trip where
+# SQLite takes two statements (each a few µs there).
+_PG_TASK_WITH_ATTEMPTS = Direct(
+    text(
+        "SELECT t.doc, ARRAY(SELECT a.doc FROM attempts a WHERE a.task_id = t.task_id ORDER BY a.number)"
+        " AS attempt_docs FROM tasks t WHERE t.task_id = :task_id FOR UPDATE OF t"
+    ),
+    returns=["doc", "attempt_docs"],
+)
+# PostgreSQL: claimed tasks made this host's, one statement for them all (the documents made in Python).
+_PG_CLAIM_OWNER = Direct(
+    text(
+        "UPDATE tasks AS t SET owner_host = :host_id, doc = v.doc"
+        " FROM unnest(CAST(:task_ids AS text[]), CAST(:docs AS text[])) AS v(task_id, doc)"
+        " WHERE t.task_id = v.task_id"
+    )
+)
 # One parent's direct sub-tasks, oldest first (``ix_tasks_parent``): a task's detail asks this of
 # every task it shows, nearly always to find none.
 _SELECT_CHILDREN = Direct(
@@ -912,6 +929,7 @@ class SchedulerStore:
 
         def work(s: Tx) -> list[str]:
             claimed: list[str] = []
+            taken: list[Task] = []  # claimed from no owner or another host id: made this host's
             for row in _rows(s, _CLAIM_ANY if any_owner else _CLAIM_OWN, params):
                 if row.task_id in skipped:
                     continue
@@ -921,8 +939,16 @@ class SchedulerStore:
                 if task.owner_host != self.host_id:
                     task.owner_host = self.host_id
                     task.version += 1
-                    _write_task(s, task)
+                    taken.append(task)
                 claimed.append(task.task_id)
+            if taken and self.postgres:  # one round trip for all of them
+                docs = [task.model_dump_json(exclude_none=True) for task in taken]
+                _PG_CLAIM_OWNER.execute(
+                    s, {"host_id": self.host_id, "task_ids": [task.task_id for task in taken], "docs": docs}
+                )
+            else:
+                for task in taken:
+                    _write_task(s, task)  # no NOTIFY: a claimed task has an owner
             return claimed
 
         return await self._run(work)
@@ -936,13 +962,19 @@ class SchedulerStore:
         sweep). None: the task is gone or no longer this host's to launch."""
 
         def work(s: Tx) -> tuple[Task, list[Attempt], Attempt | None] | None:
-            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+            if self.postgres:
+                rows = _rows(s, _PG_TASK_WITH_ATTEMPTS, {"task_id": task_id})
+                docs = rows[0].attempt_docs if rows else []
+            else:
+                rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not rows:
                 return None
             task = _task_from_row(rows[0])
             if task.state != State.QUEUED or task.owner_host != self.host_id:
                 return None
-            previous = [Attempt.model_validate_json(r.doc) for r in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})]
+            if not self.postgres:
+                docs = [r.doc for r in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})]
+            previous = [Attempt.model_validate_json(doc) for doc in docs]
             attempt = plan(task, previous)
             if attempt is not None:
                 _write_attempt(s, attempt)

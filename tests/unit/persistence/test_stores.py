@@ -134,6 +134,35 @@ async def test_attempts_are_saved_and_updated(scheduler_db: Database) -> None:
     assert [(a.attempt_id, a.pid) for a in stored] == [("a" * 32, 42)]
 
 
+async def test_a_launch_begins_with_the_claimed_task_and_its_earlier_attempts_in_order(scheduler_db: Database) -> None:
+    store = SchedulerStore(scheduler_db, "h1")
+    await store.create_task(make_task("1" * 32))
+    for number in (2, 1):  # saved out of order: read back by number
+        await store.save_attempt(
+            Attempt(
+                attempt_id=str(number) * 32, task_id="1" * 32, number=number, boot_id="b", token_hash=f"{number}" * 64
+            )
+        )
+    seen: list[tuple[Task, list[Attempt]]] = []
+
+    def plan(task: Task, previous: list[Attempt]) -> Attempt:
+        seen.append((task, previous))
+        return Attempt(
+            attempt_id="3" * 32, task_id=task.task_id, number=len(previous) + 1, boot_id="b", token_hash="3" * 64
+        )
+
+    assert await store.begin_launch("1" * 32, plan) is None, "not claimed by this host yet: no launch"
+    assert await store.claim_queued(1, (), any_owner=False) == ["1" * 32]
+    begun = await store.begin_launch("1" * 32, plan)
+    assert begun is not None
+    task, previous, attempt = begun
+    assert task.owner_host == "h1" and [a.number for a in previous] == [1, 2]
+    assert attempt is not None and attempt.number == 3
+    assert [a.number for a in await store.attempts_of("1" * 32)] == [1, 2, 3]
+    assert await store.begin_launch("f" * 32, plan) is None  # no such task
+    assert len(seen) == 1
+
+
 async def test_a_task_s_detail_reads_its_attempts_and_its_tree_level_by_level(scheduler_db: Database) -> None:
     store = SchedulerStore(scheduler_db)
     root, a, b, a1, a1x = ("1" * 32, "2" * 32, "3" * 32, "4" * 32, "5" * 32)

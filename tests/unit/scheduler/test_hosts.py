@@ -169,6 +169,14 @@ async def claims_skip_and_stop_at_the_limit(db: Database) -> None:
     assert await mine.claim_queued(3, [ids[0]], any_owner=True) == ids[1:4]
     owners = {t.task_id: t.owner_host for t in await mine.tasks_in_states([State.QUEUED])}
     assert [owners[i] for i in ids] == ["b", "a", "a", "a", "b", "b"]
+    # Each change of owner is a new version of the task's document, and its column says the same.
+    claimed = [await mine.get_task(i) for i in ids]
+    assert [t.version - created.version for t, created in zip(claimed, tasks, strict=True)] == [1, 2, 1, 1, 1, 1]
+    with db.engine.connect() as conn:
+        columns = {
+            row.task_id: row.owner_host for row in conn.execute(sa.text("SELECT task_id, owner_host FROM tasks"))
+        }
+    assert [columns[i] for i in ids] == ["b", "a", "a", "a", "b", "b"]
 
 
 async def test_a_claim_passes_over_the_tasks_it_is_told_to_skip_and_stops_at_its_limit(tmp_path: Path) -> None:
