@@ -28,7 +28,7 @@ from bench.stats import Profile, cpu_seconds  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
-from tests.support.postgres import PostgresUnavailable, fresh_database, start_postgres  # noqa: E402
+from tests.support.postgres import PostgresUnavailable, start_postgres  # noqa: E402
 from tests.support.procs import client_security  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 
@@ -41,8 +41,7 @@ async def one_round(
     with tempfile.TemporaryDirectory() as tmp:
         # The throughput run's settings (64 running per replica, the shipped timer intervals).
         stack = make_stack(Path(tmp), **THROUGHPUT_SETTINGS)
-        for service in ("scheduler", "pending", "notifier", "gateway"):
-            stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(pg_url, f"bench_{service}")
+        stack.use_postgresql(pg_url, prefix="bench_")
         stack.add_scheduler_replicas(replicas - 1)
         stack.start()
         stack.wait_replicas_serving()

@@ -53,7 +53,7 @@ from services.scheduler.metrics import LAUNCH_STEPS  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
-from tests.support.postgres import PostgresUnavailable, fresh_database, start_postgres  # noqa: E402
+from tests.support.postgres import PostgresUnavailable, start_postgres  # noqa: E402
 from tests.support.procs import client_security  # noqa: E402
 from tests.support.stack import Stack, make_stack  # noqa: E402
 
@@ -452,8 +452,7 @@ async def throughput_round(
     tmp = tempfile.mkdtemp(prefix="round-", dir=base)
     stack = make_stack(Path(tmp), metrics=True, **THROUGHPUT_SETTINGS)
     if PG_URL is not None:  # every service's database in the throwaway cluster, fresh each round
-        for service in ("scheduler", "pending", "notifier", "gateway"):
-            stack.env[f"TASKGATE_{service.upper()}_DB_URL"] = fresh_database(PG_URL, f"bench_{service}")
+        stack.use_postgresql(PG_URL, prefix="bench_")
     stack.start()
     try:
         key = create_key(stack, "bench", AGENT)
