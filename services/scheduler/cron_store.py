@@ -52,6 +52,15 @@ RUNS = sa.Table(
 )
 
 
+_ENDED_BEFORE = (
+    sa.select(RUNS.c.run_id)
+    .where(RUNS.c.ended_at < sa.bindparam("cutoff"))
+    .order_by(RUNS.c.ended_at)
+    .limit(sa.bindparam("limit"))
+    .with_for_update(skip_locked=True)
+)
+
+
 def _doc(run: CronRun) -> str:
     doc: dict[str, Any] = {"taskIds": list(run.task_ids)}
     if run.failure is not None:
@@ -143,6 +152,21 @@ class CronStore:
             return bool(result.rowcount)
 
         return await self._run(work)
+
+    async def prune_ended(self, cutoff: int, limit: int) -> int:
+        """Delete up to ``limit`` runs that ended before ``cutoff`` (ms), oldest first
+        (``ix_cron_runs_open``), in a transaction of their own; how many. An open run stays. No
+        tick that old is looked for again (each scheduler looks from its own start on), so its
+        claim's row is no longer needed. PostgreSQL: FOR UPDATE SKIP LOCKED, as a task batch."""
+
+        def work(s: Tx) -> int:
+            conn = s.connection()
+            ids = list(conn.execute(_ENDED_BEFORE, {"cutoff": cutoff, "limit": limit}).scalars())
+            if ids:
+                conn.execute(sa.delete(RUNS).where(RUNS.c.run_id.in_(ids)))
+            return len(ids)
+
+        return await self.tasks.group.alone(work)
 
     async def list_runs(self, cron_id: str, page_size: int, clamp: Callable[[int], int]) -> tuple[int, list[CronRun]]:
         """(total, the runs of the page ``clamp(total)`` picks), newest first."""

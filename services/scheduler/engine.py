@@ -115,7 +115,6 @@ class Engine:
         self.launcher = Launcher(rt, self.settler, self.stopper)
         self.supervisor = Supervisor(rt, self.stopper)
         self.log_retention = LogRetention(rt)
-        self.history_retention = HistoryRetention(rt)
         self.reports = WorkerReports(rt)
         self.recovery = Recovery(rt, self.settler, self.stopper)
         self.watchers = Watchers(rt)
@@ -126,6 +125,7 @@ class Engine:
         self.relay = EventRelay(rt, LOG_GAP_WAIT_MS)
         self.lost_hosts = LostHosts(rt)
         self.crons = CronRunner(rt, self.catalog, lambda task_id, cause: self.cancel(task_id, cause))
+        self.history_retention = HistoryRetention(rt, runs=self.crons.store)
         self.targets = TargetDispatcher(rt, self.settler)
         self.launcher.targets = self.targets
         self.subtasks = SubTasks(rt, self.catalog, self.stopper, self.reports, self.targets)

@@ -48,6 +48,10 @@ TASKS_PRUNED = Counter(
     "taskgate_tasks_pruned_total",
     "Finished tasks deleted with their events and attempts by [tasks] finished_task_retention_ms",
 )
+CRON_RUNS_PRUNED = Counter(
+    "taskgate_cron_runs_pruned_total",
+    "Ended cron runs deleted by [tasks] finished_task_retention_ms",
+)
 # A launch's wall time by step, from its claim to its worker committed running: where a launch
 # waits (for the group commit, for a spawn thread, for the CPU) when the host is busy.
 WORKER_SPAWNS = Counter(

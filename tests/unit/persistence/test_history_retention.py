@@ -32,6 +32,9 @@ from services.pending_registry.domain import AnswerAttempt, NewQuestion, Questio
 from services.pending_registry.retention import QuestionRetention, QuestionsPrunedTotal
 from services.pending_registry.store import MIGRATIONS as PENDING_MIGRATIONS
 from services.pending_registry.store import PendingStore, QuestionsPruned
+from services.scheduler.cron_domain import CronRun
+from services.scheduler.cron_store import MIGRATIONS as CRON_MIGRATIONS
+from services.scheduler.cron_store import CronStore
 from services.scheduler.domain import Attempt, State, Task, TaskNotFound
 from services.scheduler.history_retention import HistoryPruned, HistoryRetention
 from services.scheduler.store import MIGRATIONS, PrunedTasks, SchedulerStore
@@ -209,6 +212,44 @@ async def test_a_pass_deletes_batch_after_batch_at_the_configured_age(scheduler_
 
 
 # --- the notifier's notifications ---------------------------------------------------------
+
+
+async def test_cron_runs_that_ended_before_the_cutoff_go_and_open_ones_stay(db_url: str) -> None:
+    db = Database(db_url, CRON_MIGRATIONS)
+    db.migrate()
+    try:
+        store = quiet_store(db)
+        runs = CronStore(store)
+
+        async def run(n: int, started_at: int, ended_at: int | None) -> None:
+            made = CronRun(
+                run_id=tid(n),
+                cron_id="nightly",
+                kind="schedule",
+                started_at=started_at,
+                deadline_at=started_at + 100,
+                scheduled_for=started_at,
+                task_ids=(tid(100 + n),),
+            )
+            await runs.start_run(made, make_task(tid(100 + n), created_at=started_at))
+            if ended_at is not None:
+                assert await runs.end_run(made.ending("completed", ended_at))
+
+        await run(1, 1000, 1500)
+        await run(2, 1100, 1600)
+        await run(3, 1200, None)  # still open (its task runs on): stays whatever its age
+        await run(4, 1300, CUTOFF + 1)  # ended recently
+
+        assert await runs.prune_ended(CUTOFF, 1) == 1  # the oldest first
+        assert await runs.prune_ended(CUTOFF, 100) == 1
+        assert await runs.prune_ended(CUTOFF, 100) == 0
+        assert [await runs.get_run(tid(n)) is not None for n in (1, 2, 3, 4)] == [False, False, True, True]
+        rt = SimpleNamespace(store=store, closing=False, tasks_cfg=SimpleNamespace(finished_task_retention_ms=1))
+        await run(5, 1400, 1700)
+        pruned = await HistoryRetention(rt, batch=10, runs=runs).prune_once(CUTOFF + 1)  # type: ignore[arg-type]
+        assert pruned.cron_runs == 1 and await runs.get_run(tid(5)) is None
+    finally:
+        db.close()
 
 
 def note(n: int, created_at: int, channel: str | None = "hook") -> Notification:

@@ -20,10 +20,11 @@ from libs import proctree
 from libs.db import Database
 from libs.grpc_server import NO_CALLER_AUTH, ServiceHost, start_server
 from libs.settings import Settings, TaskSettings, WorkerProfile
+from services.scheduler.cron_store import MIGRATIONS
 from services.scheduler.domain import NewTask, State, Task, TaskNotFound
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
-from services.scheduler.store import MIGRATIONS, SchedulerStore
+from services.scheduler.store import SchedulerStore
 from services.scheduler.worker_api import WorkerSockets, start_worker_server
 from taskgate.scheduler.v1 import scheduler_pb2_grpc
 from tests.support.procs import free_port
