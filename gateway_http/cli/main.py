@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from gateway_http import safemode
 from gateway_http.chat import CHAT_ID_REGEX
-from gateway_http.cli import conversation, hosts, pending
+from gateway_http.cli import conversation, databases, hosts, pending
 from gateway_http.cli.client import ApiFailure, RestClient
 from gateway_http.cli.tables import render_table
 from gateway_http.store import MIGRATIONS, GatewayStore
@@ -451,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=cmd_safemode_change)
     ssub.add_parser("list").set_defaults(fn=cmd_safemode_list)
     hosts.register(admin_sub, _settings)
+    databases.register(admin_sub, _settings)
 
     tasks = top.add_parser("tasks", help="tasks over the REST API")
     tasks.add_argument("--url", help="gateway URL (TASKGATE_URL, default http://127.0.0.1:8080)")
