@@ -11,6 +11,7 @@ databases are the server's to vacuum (autovacuum; ``VACUUM FULL`` to shrink).
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,9 @@ def compact(settings: Settings, only: str | None = None) -> list[list[object]]:
             began = time.perf_counter()
             before, after = compact_sqlite(Path(path))
             took = time.perf_counter() - began
+        except sqlite3.Error as exc:  # e.g. another process holds it ("database is locked")
+            rows.append([name, path, "-", "-", f"failed: {exc}"])
+            continue
         finally:
             if lock is not None:
                 lock.release()
@@ -74,6 +78,6 @@ def register(admin_sub: Any, settings: Callable[[], Settings]) -> None:
     def command(args: argparse.Namespace, out: TextIO) -> int:
         rows = compact(settings(), args.service)
         print(render_table(["service", "database", "before", "after", "outcome"], rows, max_width=80), file=out)
-        return 0 if all(not str(r[4]).startswith("skipped: running") for r in rows) else 1
+        return 0 if all(not str(r[4]).startswith(("skipped: running", "failed")) for r in rows) else 1
 
     run.set_defaults(fn=command)

@@ -74,3 +74,16 @@ def test_a_postgresql_database_is_the_servers_to_vacuum(data_dir: Path, monkeypa
     code, printed = run("--service", "pending")
     assert code == 0 and "not SQLite" in printed
     assert len(printed.splitlines()) == 2  # the header and that one service
+
+
+def test_a_database_another_process_holds_is_reported_not_raised(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bloated(data_dir / "gateway.db")
+
+    def locked(path: Path) -> tuple[int, int]:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr("gateway_http.cli.databases.compact_sqlite", locked)
+    code, printed = run("--service", "gateway")
+    assert code == 1 and "failed: database is locked" in printed
