@@ -28,7 +28,7 @@ from bench.stats import Profile, cpu_seconds  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
-from tests.support.postgres import PostgresUnavailable, start_postgres  # noqa: E402
+from tests.support.postgres import PostgresUnavailable, throwaway_cluster  # noqa: E402
 from tests.support.procs import client_security  # noqa: E402
 from tests.support.stack import make_stack  # noqa: E402
 
@@ -88,13 +88,8 @@ async def one_round(
 
 
 async def main(n: int, counts: list[int], profile_to: str | None = None) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            url, stop = start_postgres(tmp)
-        except PostgresUnavailable as exc:
-            print(f"skipped: {exc}")
-            return
-        try:
+    try:
+        with throwaway_cluster() as url:
             for replicas in counts:
                 rate, cpu, hosts = await one_round(url, replicas, n, profile_to if replicas == counts[0] else None)
                 spread = "/".join(str(v) for v in sorted(hosts.values(), reverse=True))
@@ -103,8 +98,8 @@ async def main(n: int, counts: list[int], profile_to: str | None = None) -> None
                     f"schedulers' CPU {cpu:5.2f} ms/task, tasks per replica {spread}, each ran exactly once",
                     flush=True,
                 )
-        finally:
-            stop()
+    except PostgresUnavailable as exc:
+        print(f"skipped: {exc}")
 
 
 if __name__ == "__main__":

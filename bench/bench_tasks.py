@@ -53,7 +53,7 @@ from services.scheduler.metrics import LAUNCH_STEPS  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
-from tests.support.postgres import PostgresUnavailable, start_postgres  # noqa: E402
+from tests.support.postgres import PostgresUnavailable, throwaway_cluster  # noqa: E402
 from tests.support.procs import client_security  # noqa: E402
 from tests.support.stack import Stack, make_stack  # noqa: E402
 
@@ -557,18 +557,13 @@ async def throughput_main(
 def with_postgres(run: Callable[[], None]) -> None:
     """``run`` with every service on a throwaway PostgreSQL 15 cluster (``PG_URL``)."""
     global PG_URL
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            url, stop = start_postgres(tmp)
-        except PostgresUnavailable as exc:
-            print(f"skipped: {exc}")
-            return
-        PG_URL = url
-        try:
+    try:
+        with throwaway_cluster() as PG_URL:
             run()
-        finally:
-            PG_URL = None
-            stop()
+    except PostgresUnavailable as exc:
+        print(f"skipped: {exc}")
+    finally:
+        PG_URL = None
 
 
 async def _throughput_rounds(n: int, rounds: int, profile_to: str | None, json_to: str | None, base: Path) -> None:

@@ -15,6 +15,7 @@ Reuse from any test module (or a conftest.py)::
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -149,6 +150,18 @@ def _wait_ready(url: str, timeout_s: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def throwaway_cluster() -> Iterator[str]:
+    """A private cluster for the length of the block (its URL), stopped and removed after;
+    PostgresUnavailable when it cannot start (a benchmark says so and skips)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        url, stop = start_postgres(tmp)
+        try:
+            yield url
+        finally:
+            stop()
 
 
 def fresh_database(url: str, prefix: str = "test") -> str:
