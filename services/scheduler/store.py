@@ -498,6 +498,18 @@ def _task_with_attempts(s: Tx, task_id: str) -> tuple[Task, list[Attempt]]:
     return _task_from_row(rows[0]), [Attempt.model_validate_json(a.doc) for a in attempts]
 
 
+def _locked_task_with_attempt_docs(s: Tx, task_id: str, postgres: bool) -> tuple[Task, list[str]] | None:
+    """The task, locked, and its attempts' documents by number; None when there is no such task.
+    PostgreSQL: one round trip (``_PG_TASK_WITH_ATTEMPTS``); SQLite: two statements, a few µs each."""
+    if postgres:
+        rows = _rows(s, _PG_TASK_WITH_ATTEMPTS, {"task_id": task_id})
+        return (_task_from_row(rows[0]), list(rows[0].attempt_docs)) if rows else None
+    rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+    if not rows:
+        return None
+    return _task_from_row(rows[0]), [r.doc for r in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})]
+
+
 def _children_of(s: Tx, parent_ids: list[str]) -> list[Task]:
     """The direct sub-tasks of ``parent_ids``, oldest first."""
     if len(parent_ids) == 1:
@@ -962,18 +974,12 @@ class SchedulerStore:
         sweep). None: the task is gone or no longer this host's to launch."""
 
         def work(s: Tx) -> tuple[Task, list[Attempt], Attempt | None] | None:
-            if self.postgres:
-                rows = _rows(s, _PG_TASK_WITH_ATTEMPTS, {"task_id": task_id})
-                docs = rows[0].attempt_docs if rows else []
-            else:
-                rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
-            if not rows:
+            found = _locked_task_with_attempt_docs(s, task_id, self.postgres)
+            if found is None:
                 return None
-            task = _task_from_row(rows[0])
+            task, docs = found
             if task.state != State.QUEUED or task.owner_host != self.host_id:
                 return None
-            if not self.postgres:
-                docs = [r.doc for r in _rows(s, _SELECT_ATTEMPTS, {"task_id": task_id})]
             previous = [Attempt.model_validate_json(doc) for doc in docs]
             attempt = plan(task, previous)
             if attempt is not None:
