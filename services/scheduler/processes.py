@@ -833,8 +833,10 @@ class StopContext:
 
 
 def kernel_proof(attempt: Attempt, ctx: StopContext, remove_empty_cgroup: bool = False) -> TreeStatus | None:
-    """(Blocking.) Proof that nothing of an attempt whose leader has exited is left, from what
-    the kernel says without a process-table read — or None when only ``look`` can tell.
+    """Proof that nothing of an attempt whose leader has exited is left, from what the kernel
+    says without a process-table read — or None when only ``look`` can tell. A few system
+    calls that never wait (a pidfd signal 0, short ``/proc`` and cgroup files, an empty
+    cgroup's ``rmdir``): ≈ 60 µs, ≈ 0.2 ms with a cgroup, cheap enough for the event loop.
 
     Everything a table read would find of the attempt is, with the leader gone: a member of its
     group; a recorded descendant; a process in its cgroup; or an unrecorded one that left both

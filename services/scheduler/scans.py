@@ -9,8 +9,8 @@ that one read.
 An exit's proof (``look``) runs in the read's own hop to a thread, right after
 the read (``then``): one hop per read for all the exits it serves, not one more
 per exit. Most exits need no read at all: the kernel proves them alone
-(``processes.kernel_proof``, through ``quick``), in a hop of their own that
-waits for no read and for no interval.
+(``processes.kernel_proof``, called by the stopper on the event loop: a few
+non-blocking system calls cost less than a hop to a thread).
 """
 
 from __future__ import annotations
@@ -27,23 +27,15 @@ from libs import proctree
 Table = dict[int, proctree.ProcStat]
 T = TypeVar("T")
 Look = tuple[Callable[[Table], Any], asyncio.Future[Any]]
-Quick = tuple[Callable[[], Any], asyncio.Future[Any]]
 Outcome = tuple[bool, Any]
 
 
 @dataclass
 class _Round:
-    """The callers of one hop: who wants the table, who wants a look at it, and who wants
-    only the hop (a look that needs no table)."""
+    """The callers of one read: who wants the table, and who wants a look at it."""
 
     table: asyncio.Future[Table]
     looks: list[Look] = field(default_factory=list)
-    quick: list[Quick] = field(default_factory=list)
-    wanted: bool = False  # someone waits for the table itself (``fresh``)
-
-    @property
-    def reads(self) -> bool:
-        return self.wanted or bool(self.looks)
 
 
 def _outcome(call: Callable[[], Any]) -> Outcome:
@@ -54,20 +46,17 @@ def _outcome(call: Callable[[], Any]) -> Outcome:
 
 
 def _read_and_look(
-    reader: Callable[[], Table] | None, looks: list[Look], quick: list[Quick]
-) -> tuple[float, Table | BaseException | None, list[Outcome], list[Outcome]]:
-    """(Blocking.) The looks that need no table, then the read (when ``reader`` is given) and
-    each look at it; a failed look is its caller's alone, a failed read is returned for its
-    waiters. Also returns when the read began (the loop's clock), here rather than before the hop."""
-    quick_outcomes = [_outcome(call) for call, _ in quick]
+    reader: Callable[[], Table], looks: list[Look]
+) -> tuple[float, Table | BaseException, list[Outcome]]:
+    """(Blocking.) The read, then each look at it; a failed look is its caller's alone, a failed
+    read is returned for its waiters. Also returns when the read began (the loop's clock), here
+    rather than before the hop."""
     began = time.monotonic()
-    if reader is None:
-        return began, None, [], quick_outcomes
     try:
         table = reader()
     except Exception as exc:
-        return began, exc, [], quick_outcomes
-    return began, table, [_outcome(functools.partial(look, table)) for look, _ in looks], quick_outcomes
+        return began, exc, []
+    return began, table, [_outcome(functools.partial(look, table)) for look, _ in looks]
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -102,9 +91,7 @@ class SharedScan:
 
     async def fresh(self) -> Table:
         """A process table read after this call began (shared with concurrent callers)."""
-        current = self._round()
-        current.wanted = True
-        return await asyncio.shield(current.table)
+        return await asyncio.shield(self._round().table)
 
     async def then(self, look: Callable[[Table], T]) -> T:
         """``look(table)`` (blocking) in the read's own thread, on a table read after this call began."""
@@ -112,32 +99,17 @@ class SharedScan:
         self._round().looks.append((look, result))
         return await result
 
-    async def quick(self, call: Callable[[], T]) -> T:
-        """``call()`` (blocking) in the next hop to a thread, shared with the other callers of the
-        moment; it needs no table, so it waits for no read (if the hop reads, it runs first)."""
-        result: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._round().quick.append((call, result))
-        return await result
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._next is not None:
             wait = self._last_start + self.min_interval_s - loop.time()
-            if self._next.reads and wait > 0:
+            if wait > 0:
                 await asyncio.sleep(wait)  # callers arriving meanwhile share this read
-            # Callers arriving from here on wait for the next hop: this read may be too early for them.
+            # Callers arriving from here on wait for the next read: this one may be too early for them.
             current, self._next = self._next, None
-            reads = current.reads
-            if reads:
-                self._last_start = loop.time()
+            self._last_start = loop.time()
             self.hops += 1
-            began, table, outcomes, quick = await asyncio.to_thread(
-                _read_and_look, self._reader if reads else None, current.looks, current.quick
-            )
-            for (_, future), (ok, value) in zip(current.quick, quick, strict=True):
-                _settle(future, ok, value)
-            if not reads:
-                continue
+            began, table, outcomes = await asyncio.to_thread(_read_and_look, self._reader, current.looks)
             if isinstance(table, BaseException):  # every waiter of the read sees the failure
                 for future in (current.table, *(f for _, f in current.looks)):
                     _settle(future, False, table)

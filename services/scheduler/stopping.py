@@ -91,8 +91,9 @@ class Stopper:
 
         proven = None
         if not container and ownership.kernel_may_prove():
-            # Most often the kernel proves it alone, with no table read and no wait for one.
-            proven = await self.rt.scans.quick(lambda: processes.kernel_proof(attempt, ctx, remove_empty_cgroup=True))
+            # Most often the kernel proves it alone, with no table read and no wait for one —
+            # here on the loop: a hop to a thread cost more CPU than the proof's own calls.
+            proven = processes.kernel_proof(attempt, ctx, remove_empty_cgroup=True)
         if proven is not None:
             _PROVEN_BY_KERNEL.inc()
             ownership.drop(attempt)
