@@ -247,14 +247,30 @@ class DatabaseThreads:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._unfinished = 0  # work queued or running (``idle``); changed under ``_lock``
 
     async def run(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         if len(self._threads) < self.workers:
             self._start_thread()  # started as needed, as the executor did
-        self._queue.put((fn, future, loop))
+        self._put((fn, future, loop))
         return await future
+
+    def idle(self) -> bool:
+        """Whether the threads are open and no work is queued or running on them (nothing holds
+        the database for them). Only meaningful to the thread that alone gives them work: none
+        can start while that thread does something else."""
+        return self._unfinished == 0 and not self._closed
+
+    def _put(self, work: _Work) -> None:
+        with self._lock:
+            self._unfinished += 1
+        self._queue.put(work)
+
+    def _done(self) -> None:
+        with self._lock:
+            self._unfinished -= 1
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on a database thread with nobody waiting for it: ``fn`` hands its own
@@ -262,7 +278,7 @@ class DatabaseThreads:
         closed. An error escaping ``fn`` is logged."""
         if len(self._threads) < self.workers:
             self._start_thread()
-        self._queue.put((fn, None, None))
+        self._put((fn, None, None))
 
     def others_waiting(self) -> bool:
         """Whether work is queued for the database threads (a long job lets it go first)."""
@@ -285,26 +301,34 @@ class DatabaseThreads:
     def _serve(self) -> None:
         name_os_thread(threading.current_thread().name)
         while (work := self._queue.get()) is not None:
-            fn, future, loop = work
-            if future is None:  # submitted: nobody waits, ``fn`` hands its outcomes over itself
-                try:
-                    fn()
-                except BaseException:  # noqa: BLE001 - the thread keeps serving; said in the log
-                    log.exception("database_work_failed", work=getattr(fn, "__qualname__", repr(fn)))
-                del work, fn
-                continue
-            if future.cancelled():  # the caller stopped waiting before it began
-                continue
-            assert loop is not None
+            self._serve_one(*work)
+            del work  # nothing kept alive while the thread waits
+
+    def _serve_one(
+        self, fn: Callable[[], Any], future: asyncio.Future[Any] | None, loop: asyncio.AbstractEventLoop | None
+    ) -> None:
+        if future is None:  # submitted: nobody waits, ``fn`` hands its outcomes over itself
             try:
-                outcome: tuple[Any, BaseException | None] = (fn(), None)
-            except BaseException as exc:  # handed to the caller, as the executor did
-                outcome = (None, exc)
-            try:
-                loop.call_soon_threadsafe(_settle, future, *outcome)
-            except RuntimeError:  # the caller's loop closed meanwhile: nobody is waiting
-                pass
-            del work, fn, future, outcome  # nothing kept alive while the thread waits
+                fn()
+            except BaseException:  # noqa: BLE001 - the thread keeps serving; said in the log
+                log.exception("database_work_failed", work=getattr(fn, "__qualname__", repr(fn)))
+            finally:
+                self._done()
+            return
+        if future.cancelled():  # the caller stopped waiting before it began
+            self._done()
+            return
+        assert loop is not None
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(), None)
+        except BaseException as exc:  # handed to the caller, as the executor did
+            outcome = (None, exc)
+        finally:
+            self._done()  # finished before its caller hears of it: idle by then, if nothing else waits
+        try:
+            loop.call_soon_threadsafe(_settle, future, *outcome)
+        except RuntimeError:  # the caller's loop closed meanwhile: nobody is waiting
+            pass
 
     def close(self) -> None:
         """Run what is queued, then end the threads (idempotent)."""
@@ -351,6 +375,9 @@ class Database:
         # SQLite has one writer at a time: one thread avoids lock waits inside
         # the process. PostgreSQL gets a few.
         self._sqlite = is_sqlite(url)
+        # SQLite: statements run in this process and never wait for a server (nor, with one
+        # writer thread, for a lock), so short work may run on the event loop (``GroupCommit``).
+        self.embedded = self._sqlite
         workers = 1 if self._sqlite else 4
         self.threads = DatabaseThreads(workers)
         self._kept = threading.local()  # each database thread's connection (``run_connection``)

@@ -36,12 +36,13 @@ BATCH_RERUNS = Counter(
 # besides (begin, savepoints, commit) is its total CPU less these.
 STORE_UNITS = Counter(
     "taskgate_store_units_total",
-    "Units of work run on the scheduler's database thread, by store call (update_task, create_task ...)",
+    "Units of work the scheduler's group commit ran (on its database thread or its event loop), "
+    "by store call (update_task, create_task ...)",
     ["unit"],
 )
 STORE_UNIT_CPU = Counter(
     "taskgate_store_unit_cpu_seconds_total",
-    "CPU time of the database thread inside each kind of store unit (committed or not)",
+    "CPU time (of the thread that ran it) inside each kind of store unit, committed or not",
     ["unit"],
 )
 TASKS_PRUNED = Counter(

@@ -1,0 +1,119 @@
+"""The group commit on SQLite: a batch commits on the event loop itself while the database's
+thread is idle, and goes to that thread when it has work (nothing on the loop ever waits for
+SQLite's lock or for another thread's transaction)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from libs.db import Database
+from services.scheduler.group_commit import GroupCommit, Tx
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'group.db'}")
+    with database.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE item (name TEXT PRIMARY KEY)"))
+    yield database
+    database.close()
+
+
+def _insert(name: str, seen: list[str] | None = None):  # type: ignore[no-untyped-def]
+    def unit(tx: Tx) -> str:
+        if seen is not None:
+            seen.append(threading.current_thread().name)
+        tx.conn.execute(text("INSERT INTO item (name) VALUES (:n)"), {"n": name})
+        return name
+
+    return unit
+
+
+def _names(db: Database) -> set[str]:
+    with db.engine.connect() as conn:  # a connection of its own: sees only what committed
+        return {row[0] for row in conn.execute(text("SELECT name FROM item"))}
+
+
+async def test_with_the_database_thread_idle_a_batch_commits_on_the_loop(db: Database) -> None:
+    group = GroupCommit(db)
+    assert group.on_loop, "SQLite is embedded: batches may commit on the loop"
+    seen: list[str] = []
+    results = await asyncio.gather(*(group.run(_insert(f"n{i}", seen)) for i in range(5)))
+    assert results == [f"n{i}" for i in range(5)]
+    assert set(seen) == {threading.current_thread().name}, "every unit ran on the loop's own thread"
+    assert group.transactions == 1, "the burst shared one transaction"
+    assert _names(db) == {f"n{i}" for i in range(5)}, "committed before its callers were answered"
+
+
+async def test_a_failed_unit_on_the_loop_is_its_callers_alone(db: Database) -> None:
+    group = GroupCommit(db)
+    outcomes = await asyncio.gather(
+        group.run(_insert("a")), group.run(_insert("a")), group.run(_insert("b")), return_exceptions=True
+    )
+    assert outcomes[0] == "a" and outcomes[2] == "b"
+    assert isinstance(outcomes[1], Exception) and "UNIQUE" in str(outcomes[1])
+    assert _names(db) == {"a", "b"} and group.reruns == 1
+
+
+async def test_with_work_on_the_database_thread_the_batch_goes_there_after_it(db: Database) -> None:
+    """A batch never waits on the loop for the thread's transaction (SQLite's lock): while a
+    write on the thread holds the database, the loop keeps running, and the batch commits
+    on the thread once that write is done."""
+    group = GroupCommit(db)
+    holding, release = threading.Event(), threading.Event()
+
+    def long_write(tx: Tx) -> None:
+        tx.conn.execute(text("INSERT INTO item (name) VALUES ('long')"))
+        holding.set()
+        assert release.wait(10)
+
+    busy = asyncio.ensure_future(db.run_connection(lambda conn: long_write(Tx(conn))))
+    assert await asyncio.to_thread(holding.wait, 10)
+    seen: list[str] = []
+    queued = asyncio.ensure_future(group.run(_insert("after", seen)))
+    for _ in range(20):  # the loop is free: the batch is not waiting on it for the lock
+        await asyncio.sleep(0)
+    assert not queued.done() and seen == []
+    release.set()
+    assert await queued == "after"
+    await busy
+    assert seen and seen[0] != threading.current_thread().name, "it ran on the database thread"
+    seen.clear()
+    assert await group.run(_insert("later", seen)) == "later"
+    assert seen == [threading.current_thread().name], "with the thread idle again, back on the loop"
+    assert _names(db) == {"long", "after", "later"}
+
+
+async def test_a_burst_on_the_loop_lets_other_callbacks_run_between_its_batches(db: Database) -> None:
+    group = GroupCommit(db, max_units=2)
+    order: list[str] = []
+
+    def unit(name: str):  # type: ignore[no-untyped-def]
+        def work(tx: Tx) -> None:
+            order.append(name)
+
+        return work
+
+    loop = asyncio.get_running_loop()
+    runs = [asyncio.ensure_future(group.run(unit(f"u{i}"))) for i in range(6)]
+    await asyncio.sleep(0)  # the first batch is due now
+    loop.call_soon(order.append, "other")
+    await asyncio.gather(*runs)
+    assert group.transactions == 3
+    assert order.index("other") < order.index("u5"), "a callback due meanwhile ran before the last batch"
+    assert [o for o in order if o != "other"] == [f"u{i}" for i in range(6)]
+
+
+async def test_a_closed_database_fails_the_units_instead_of_running_them_on_the_loop(db: Database) -> None:
+    group = GroupCommit(db)
+    assert await group.run(_insert("before")) == "before"
+    db.threads.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(group.run(_insert("after")), 10)
+    assert _names(db) == {"before"}
