@@ -272,10 +272,12 @@ class DatabaseThreads:
         with self._lock:
             self._unfinished -= 1
 
-    def submit(self, fn: Callable[[], None]) -> None:
+    def submit(self, fn: Callable[[], Callable[[], None] | None]) -> None:
         """Run ``fn`` on a database thread with nobody waiting for it: ``fn`` hands its own
-        outcomes over (the group commit's drain). Callable from any thread; RuntimeError once
-        closed. An error escaping ``fn`` is logged."""
+        outcomes over (the group commit's drain). What ``fn`` returns, if anything, is called
+        once ``fn`` no longer counts as running (``idle`` may then be true: the drain going back
+        to the loop). Callable from any thread; RuntimeError once closed. An error escaping
+        ``fn`` is logged."""
         if len(self._threads) < self.workers:
             self._start_thread()
         self._put((fn, None, None))
@@ -308,12 +310,18 @@ class DatabaseThreads:
         self, fn: Callable[[], Any], future: asyncio.Future[Any] | None, loop: asyncio.AbstractEventLoop | None
     ) -> None:
         if future is None:  # submitted: nobody waits, ``fn`` hands its outcomes over itself
+            after = None
             try:
-                fn()
+                after = fn()
             except BaseException:  # noqa: BLE001 - the thread keeps serving; said in the log
                 log.exception("database_work_failed", work=getattr(fn, "__qualname__", repr(fn)))
             finally:
                 self._done()
+            if after is not None:
+                try:
+                    after()
+                except BaseException:  # noqa: BLE001 - as above
+                    log.exception("database_work_failed", work=getattr(after, "__qualname__", repr(after)))
             return
         if future.cancelled():  # the caller stopped waiting before it began
             self._done()

@@ -180,7 +180,7 @@ class GroupCommit:
         except BaseException as exc:  # the database is closed: nothing queued will run
             self._fail_queued(exc)
 
-    def _drain(self) -> None:
+    def _drain(self) -> Callable[[], None] | None:
         """(On a database thread.) Commit batch after batch while units are queued.
 
         The next batch starts as soon as the last one committed, on this thread: the event
@@ -189,32 +189,36 @@ class GroupCommit:
         about a third of the database's cycle). Other work queued for the database threads
         (reads, lone transactions) goes first between batches. With ``on_loop``, the drain
         goes back to the loop after the batch it came for (the thread had work then; it may
-        be idle now).
+        be idle now) — once this work no longer counts as the thread's (what it returns).
         """
         try:
             while True:
                 with self._lock:
                     if not self._queue:
                         self._draining = False
-                        return
+                        return None
                     batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
                 self._commit(batch)
                 if self.on_loop and self._loop is not None:
                     with self._lock:
                         if not self._queue:
                             self._draining = False
-                            return
-                    try:
-                        self._loop.call_soon_threadsafe(self._drain_here)
-                    except RuntimeError:  # the loop closed: nobody waits there any more
-                        continue
-                    return
+                            return None
+                    return self._back_to_loop
                 if self.db.threads.others_waiting():
                     self.db.threads.submit(self._drain)  # its turn again after theirs (it stops if none is left)
-                    return
+                    return None
         except BaseException as exc:
             self._fail_queued(exc)
             raise
+
+    def _back_to_loop(self) -> None:
+        """(On the database thread, its drain done.) The next batch is the loop's to commit."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._drain_here)
+        except RuntimeError:  # the loop closed: nobody waits there, but what is queued still commits
+            self._start_drain()
 
     def _commit(self, batch: list[tuple[Unit, asyncio.Future[Any]]], here: bool = False) -> None:
         """(On a database thread, or ``here`` on the callers' loop.) One batch in one transaction;

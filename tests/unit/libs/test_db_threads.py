@@ -53,3 +53,37 @@ async def test_close_runs_what_is_queued_then_refuses_new_work() -> None:
     await asyncio.gather(*pending)
     with pytest.raises(RuntimeError, match="closed"):
         await threads.run(lambda: None)
+
+
+async def test_idle_says_whether_work_is_queued_or_running_and_is_true_once_a_caller_hears() -> None:
+    """``idle`` is what lets the group commit run a batch on the loop: it must be false while
+    anything is queued or running, and already true when a caller's result arrives."""
+    threads = DatabaseThreads(1)
+    gate = threading.Event()
+    try:
+        assert threads.idle()
+        busy = asyncio.ensure_future(threads.run(gate.wait))
+        queued = asyncio.ensure_future(threads.run(lambda: "queued"))
+        await asyncio.sleep(0)
+        assert not threads.idle(), "one running, one queued"
+        gate.set()
+        assert await busy is True and await queued == "queued"
+        assert threads.idle(), "the work counted finished before its caller heard"
+    finally:
+        threads.close()
+    assert not threads.idle(), "closed threads are never idle: nothing may run in their place"
+
+
+async def test_what_submitted_work_returns_runs_once_it_no_longer_counts_as_running() -> None:
+    threads = DatabaseThreads(1)
+    loop = asyncio.get_running_loop()
+    seen: asyncio.Future[bool] = loop.create_future()
+
+    def follow_up() -> None:
+        loop.call_soon_threadsafe(seen.set_result, threads.idle())
+
+    try:
+        threads.submit(lambda: follow_up)
+        assert await asyncio.wait_for(seen, 10), "idle by the time the follow-up ran"
+    finally:
+        threads.close()
