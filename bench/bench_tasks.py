@@ -346,10 +346,17 @@ def units_line(per_task: dict[str, float]) -> str:
         if per_task[f"unit:{u}:ms"] >= 0.005
     ]
     outside = f"outside the units {per_task.get('thread:db', 0.0) - inside:.2f} " if PG_URL else ""
+    where = [
+        f"{per_task[f'batches:{on}:count']:.3f}/task on the {on}, mean "
+        f"{1e3 * per_task.get(f'batches:{on}:sum', 0.0) / per_task[f'batches:{on}:count']:.2f} ms"
+        for on in ("loop", "thread")
+        if per_task.get(f"batches:{on}:count", 0.0) > 0
+    ]
     return (
         f"store units ms/task by store call (their thread's CPU): {', '.join(parts)}; {outside}"
         f"({per_task.get('transactions', 0.0):.3f} transactions per task, "
-        f"{per_task.get('reruns', 0.0) * 1000:.1f} reruns per 1,000 tasks)"
+        f"{per_task.get('reruns', 0.0) * 1000:.1f} reruns per 1,000 tasks"
+        f"{'; batches ' + ', '.join(where) if where else ''})"
     )
 
 

@@ -141,7 +141,8 @@ def store_counters(families: Iterable[Any]) -> tuple[dict[str, tuple[float, floa
     """From a scheduler's metric families (a ``/metrics`` page parsed, or an in-process
     registry's ``collect()``): its store units by store call, (units run, database-thread CPU s);
     and its group commit's ``transactions`` and ``reruns`` so far (with ``exit_proofs:kernel`` and
-    ``exit_proofs:table``, the exits proven each way)."""
+    ``exit_proofs:table``, the exits proven each way, and ``batches:<loop|thread>:<count|sum>``,
+    the batches committed on the event loop or the database thread and their wall seconds)."""
     units: dict[str, list[float]] = {}
     group: dict[str, float] = {}
     for family in families:
@@ -150,6 +151,9 @@ def store_counters(families: Iterable[Any]) -> tuple[dict[str, tuple[float, floa
                 group[GROUP_COMMIT_COUNTERS[sample.name]] = sample.value
             if sample.name == "taskgate_exit_proofs_total":  # how exits were proven: kernel | table
                 group[f"exit_proofs:{sample.labels['by']}"] = sample.value
+            if sample.name in ("taskgate_group_commit_batch_seconds_count", "taskgate_group_commit_batch_seconds_sum"):
+                # batches by where they committed (loop | thread): how many, and their wall seconds
+                group[f"batches:{sample.labels['on']}:{sample.name.rsplit('_', 1)[1]}"] = sample.value
             which = {"taskgate_store_units_total": 0, "taskgate_store_unit_cpu_seconds_total": 1}.get(sample.name)
             if which is not None:
                 units.setdefault(sample.labels["unit"], [0.0, 0.0])[which] = sample.value

@@ -52,6 +52,7 @@ from libs.direct import OnConnection
 from libs.metrics import Children
 from services.scheduler.metrics import (
     BATCH_RERUNS,
+    BATCH_SECONDS,
     BATCHES,
     STORE_UNIT_CPU,
     STORE_UNITS,
@@ -107,6 +108,8 @@ def _run_unit(unit: Unit, tx: Tx) -> Any:
 
 
 MAX_UNITS = 128  # one transaction stays short even under a burst
+_SECONDS_ON_LOOP = BATCH_SECONDS.labels(on="loop")
+_SECONDS_ON_THREAD = BATCH_SECONDS.labels(on="thread")
 
 
 class GroupCommit:
@@ -224,15 +227,9 @@ class GroupCommit:
         """(On a database thread, or ``here`` on the callers' loop.) One batch in one transaction;
         each outcome handed to its caller."""
         hand_over = _settle if here else _hand_over
-        units = [unit for unit, _ in batch]
-        run = functools.partial(_run_units, units=units, before_commit=self.before_commit)
+        began = time.perf_counter()
         try:
-            try:
-                outcomes = self.db.transaction(functools.partial(run, isolate=not self.optimistic))
-            except _Isolate:  # a unit failed in the optimistic run: nothing of it committed
-                self.reruns += 1
-                BATCH_RERUNS.inc()
-                outcomes = self.db.transaction(functools.partial(run, isolate=True))
+            outcomes = self._transact(batch)
         except _Failed as failed:  # a lone unit's own error, rolled back
             hand_over([(batch[0][1], False, failed.error)])
             return
@@ -242,9 +239,22 @@ class GroupCommit:
             if not isinstance(exc, Exception):
                 raise
             return
+        finally:
+            (_SECONDS_ON_LOOP if here else _SECONDS_ON_THREAD).observe(time.perf_counter() - began)
         self.transactions += 1
         BATCHES.inc()
         hand_over([(future, ok, value) for (_, future), (ok, value) in zip(batch, outcomes, strict=True)])
+
+    def _transact(self, batch: list[tuple[Unit, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
+        """The batch's transaction: optimistic first, then (a unit failed) each unit isolated."""
+        units = [unit for unit, _ in batch]
+        run = functools.partial(_run_units, units=units, before_commit=self.before_commit)
+        try:
+            return self.db.transaction(functools.partial(run, isolate=not self.optimistic))
+        except _Isolate:  # a unit failed in the optimistic run: nothing of it committed
+            self.reruns += 1
+            BATCH_RERUNS.inc()
+            return self.db.transaction(functools.partial(run, isolate=True))
 
     def _fail_queued(self, exc: BaseException) -> None:
         """Nothing will drain the queue (the database closed, or the drain itself broke): every

@@ -27,6 +27,15 @@ BATCHES = Counter(
     "taskgate_group_commit_batches_total",
     "Group-commit transactions of the scheduler's store that committed (one or more units each)",
 )
+# On SQLite a batch may commit on the event loop (``group_commit``): its wall time is then time
+# the loop did nothing else — a commit that meets the WAL checkpoint's fsync shows here.
+BATCH_SECONDS = Histogram(
+    "taskgate_group_commit_batch_seconds",
+    "Wall time of each group-commit batch (its transaction, and a rerun's), by where it ran: "
+    "loop (SQLite, the database thread idle) or thread",
+    ["on"],
+    buckets=LATENCY_BUCKETS[:10],
+)
 BATCH_RERUNS = Counter(
     "taskgate_group_commit_reruns_total",
     "Batches run without savepoints in which a unit failed, run again with each unit isolated",

@@ -28,6 +28,7 @@ EXPECTED = {
         "taskgate_task_queue_wait_seconds",
         "taskgate_task_watchers",
         "taskgate_group_commit_batches",
+        "taskgate_group_commit_batch_seconds",
         "taskgate_group_commit_reruns",
         "taskgate_store_units",
         "taskgate_store_unit_cpu_seconds",

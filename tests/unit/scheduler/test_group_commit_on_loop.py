@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from libs.db import Database
@@ -40,15 +41,21 @@ def _names(db: Database) -> set[str]:
         return {row[0] for row in conn.execute(text("SELECT name FROM item"))}
 
 
+def _batches_timed(on: str) -> float:
+    return REGISTRY.get_sample_value("taskgate_group_commit_batch_seconds_count", {"on": on}) or 0.0
+
+
 async def test_with_the_database_thread_idle_a_batch_commits_on_the_loop(db: Database) -> None:
     group = GroupCommit(db)
     assert group.on_loop, "SQLite is embedded: batches may commit on the loop"
+    on_loop, on_thread = _batches_timed("loop"), _batches_timed("thread")
     seen: list[str] = []
     results = await asyncio.gather(*(group.run(_insert(f"n{i}", seen)) for i in range(5)))
     assert results == [f"n{i}" for i in range(5)]
     assert set(seen) == {threading.current_thread().name}, "every unit ran on the loop's own thread"
     assert group.transactions == 1, "the burst shared one transaction"
     assert _names(db) == {f"n{i}" for i in range(5)}, "committed before its callers were answered"
+    assert (_batches_timed("loop"), _batches_timed("thread")) == (on_loop + 1, on_thread), "timed as the loop's"
 
 
 async def test_a_failed_unit_on_the_loop_is_its_callers_alone(db: Database) -> None:
@@ -73,6 +80,7 @@ async def test_with_work_on_the_database_thread_the_batch_goes_there_after_it(db
         holding.set()
         assert release.wait(10)
 
+    on_thread = _batches_timed("thread")
     busy = asyncio.ensure_future(db.run_connection(lambda conn: long_write(Tx(conn))))
     assert await asyncio.to_thread(holding.wait, 10)
     seen: list[str] = []
@@ -84,6 +92,7 @@ async def test_with_work_on_the_database_thread_the_batch_goes_there_after_it(db
     assert await queued == "after"
     await busy
     assert seen and seen[0] != threading.current_thread().name, "it ran on the database thread"
+    assert _batches_timed("thread") == on_thread + 1, "timed as the thread's"
     seen.clear()
     assert await group.run(_insert("later", seen)) == "later"
     assert seen == [threading.current_thread().name], "with the thread idle again, back on the loop"
