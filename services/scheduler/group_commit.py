@@ -18,7 +18,9 @@ switch interval while the other thread runs Python (in six alternating pairs of 
 throughput benchmark: ≈ 8 % of the scheduler's CPU per ``/bin/true`` task, and created→ended
 p50 69 against 91 ms; docs/performance.md).
 Work already on the thread (a read, a retention pass) sends the batch after it, there.
-A burst's next batch waits for the loop's other callbacks first.
+A burst's next batch waits for the loop's other callbacks first. Another process writing
+the same file would make the loop wait for SQLite's lock (up to its busy timeout): none of
+taskgate's does while the scheduler runs (``taskgate admin databases compact`` refuses).
 
 Savepoints are not free: on PostgreSQL each costs a round trip (two per unit, about a third
 of a busy batch's time there), and on SQLite writes inside one keep a sub-journal for its
