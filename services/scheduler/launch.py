@@ -165,7 +165,6 @@ class Launcher:
         async with rt.locks[task_id]:
             if task_id in rt.live or rt.closing:
                 return False
-            now = rt.clock.now_ms()
             token = secrets.token_urlsafe(32)
 
             def plan(task: Task, previous: list[Attempt]) -> Attempt | None:
@@ -264,13 +263,15 @@ class Launcher:
                         # task. The worker is ours: it is released and runs on, and this host's next
                         # reconciliation takes the task back (or settles it by the worker's exit).
                         return None
-                    return domain.start_running(t, started_at, now, attempt.harness, attempt.harness_model)
+                    # Dated when the worker was spawned, just before this commit — not when the
+                    # launch began (its claim commit and the spawn come between).
+                    return domain.start_running(t, started_at, started_at, attempt.harness, attempt.harness_model)
 
                 # The identity (pid, start time) and `running` in one commit, while the worker is
                 # still held before exec: it runs only once both are durable, and a launch costs
                 # one transaction fewer than an identity commit followed by a running commit.
                 task, stored = await rt.store.update_task(
-                    task_id, to_running, "task.state_changed", now, attempt=attempt
+                    task_id, to_running, "task.state_changed", started_at, attempt=attempt
                 )
                 if stored is None:  # not running here after all; the identity is recorded even so
                     await rt.store.save_attempt(attempt)

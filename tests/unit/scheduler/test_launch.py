@@ -452,3 +452,33 @@ async def test_each_launch_times_its_steps_and_a_failed_one_none(tmp_path: Path)
         assert launch_steps() == after, "a failed launch is not timed as one that ran"
     finally:
         await h.close()
+
+
+async def test_the_running_change_is_dated_when_the_worker_was_spawned_not_when_the_launch_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim commit and the spawn come between a launch's start and its `running` commit
+    (tens of ms under load): the change, its event and `updatedAt` carry the spawn's time, so a
+    running task is never updated before it started."""
+    h = await start_harness(tmp_path, workers={"quick": WorkerProfile(command=["true"])})
+    real_launch = processes.launch
+
+    async def slow_spawn(*args: Any, **kw: Any) -> Any:
+        h.clock.advance(250)  # the spawn took a quarter of a second
+        return await real_launch(*args, **kw)
+
+    monkeypatch.setattr(processes, "launch", slow_spawn)
+    try:
+        task = await h.create("quick", title="dated")
+        began = h.clock.now
+        assert await h.engine.dispatch_once() == 1
+        await h.wait(task.task_id, [State.COMPLETED])
+        _, events = await h.engine.store.events_after(0, (), 100)
+        running = [e for e in events if e.task.task_id == task.task_id and e.task.state == State.RUNNING]
+        assert len(running) == 1
+        started = running[0].task.started_at
+        assert started == began + 250, "started when spawned"
+        assert running[0].at == started, "the event is dated with the change, not the launch's start"
+        assert running[0].task.updated_at == started
+    finally:
+        await h.close()
