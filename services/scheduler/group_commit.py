@@ -14,9 +14,9 @@ database's thread is idle (``GroupCommit._drain_here``): its statements never wa
 server, and with that thread idle nothing else in the process holds the database, so
 nothing waits for SQLite's lock either. What that saves is the hand-over to the thread
 and back — two wake-ups and the GIL passed twice, whose wait is up to the interpreter's
-switch interval while the other thread runs Python (in six alternating pairs of the
-throughput benchmark: ≈ 8 % of the scheduler's CPU per ``/bin/true`` task, and created→ended
-p50 69 against 91 ms; docs/performance.md).
+switch interval while the other thread runs Python (in ten alternating pairs of the
+throughput benchmark: ≈ 7 % of the scheduler's CPU per ``/bin/true`` task, and created→ended
+p50 56–88 against 84–100 ms; docs/performance.md).
 Work already on the thread (a read, a retention pass) sends the batch after it, there.
 A burst's next batch waits for the loop's other callbacks first. Another process writing
 the same file would make the loop wait for SQLite's lock (up to its busy timeout): none of
@@ -168,6 +168,9 @@ class GroupCommit:
             return
         with self._lock:
             batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
+            if not batch:  # nothing queued after all: no empty transaction
+                self._draining = False
+                return
         try:
             self._commit(batch, here=True)
         except BaseException as exc:
