@@ -166,6 +166,30 @@ def members(path: Path) -> list[int]:
     return pids
 
 
+def known_empty(path: Path) -> bool:
+    """Whether the cgroup and everything below it provably holds no process, from one read of
+    its ``cgroup.events`` (v2) — never a walk. A cgroup that does not exist holds nothing;
+    one whose events file cannot be read (v1) is not known empty."""
+    try:
+        return b"populated 0\n" in proctree.read_all(f"{path}/cgroup.events")
+    except FileNotFoundError:
+        return not os.path.isdir(path)
+    except OSError:
+        return False
+
+
+def remove_at_once(path: Path) -> bool:
+    """One ``rmdir`` of an empty cgroup with nothing below it; True when it is gone. Never
+    walks nor waits (``remove`` does both, for a cgroup below it or a brief EBUSY)."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
 def own_members(path: Path | str) -> list[int] | None:
     """The processes in the cgroup itself (one read of its ``cgroup.procs``, none below it);
     None when there is no such cgroup (not created yet, or removed)."""

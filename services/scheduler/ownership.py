@@ -200,7 +200,8 @@ class Ownership:
 
     def strays(self) -> bool:
         """(Any thread.) Whether this process has a live child that is not a worker leader it
-        knows and may be an orphan of an attempt: one of the children of its main thread, where
+        knows and may be an orphan of an attempt (more than ``KERNEL_PROOF_MAX_READS`` such
+        children count as yes, unread): one of the children of its main thread, where
         the kernel re-parents every orphan (``proctree.orphan_parent_children``). True when the
         kernel keeps no list of them.
 
@@ -219,7 +220,10 @@ class Ownership:
         unknown = children - self._leader_pids()
         if not unknown:
             return False
-        for pid in unknown - self._held_workers():
+        others = unknown - self._held_workers()
+        if len(others) > processes.KERNEL_PROOF_MAX_READS:
+            return True  # called on the event loop: that many are not read one by one (``look`` will)
+        for pid in others:
             stat = proctree.read_stat(pid)
             if stat is not None and not stat.alive:
                 continue  # a zombie (an orphan's, a helper command's) is no process of anyone's

@@ -832,11 +832,20 @@ class StopContext:
     strays: Callable[[], bool] | None = None
 
 
+# The most files ``kernel_proof`` reads for one exit's recorded descendants (and ``strays`` for
+# unknown children): it runs on the event loop, and a worker decides how many processes it forks.
+KERNEL_PROOF_MAX_READS = 32
+
+
 def kernel_proof(attempt: Attempt, ctx: StopContext, remove_empty_cgroup: bool = False) -> TreeStatus | None:
     """Proof that nothing of an attempt whose leader has exited is left, from what the kernel
-    says without a process-table read — or None when only ``look`` can tell. A few system
-    calls that never wait (a pidfd signal 0, short ``/proc`` and cgroup files, an empty
-    cgroup's ``rmdir``): ≈ 60 µs, ≈ 0.2 ms with a cgroup, cheap enough for the event loop.
+    says without a process-table read — or None when only ``look`` can tell. The stopper calls
+    it on the event loop, so it is a few system calls that never wait and whose number the
+    worker cannot raise: a pidfd signal 0, at most ``KERNEL_PROOF_MAX_READS`` recorded
+    descendants' stat files, one ``cgroup.events`` read (no walk below), the children list
+    (``strays``, itself bounded) and one ``rmdir`` (no retry, no walk): ≈ 60 µs, ≈ 0.2 ms with
+    a cgroup. Anything more — many descendants, a cgroup below the attempt's, an ``rmdir``
+    refused — is left to ``look`` on its thread.
 
     Everything a table read would find of the attempt is, with the leader gone: a member of its
     group; a recorded descendant; a process in its cgroup; or an unrecorded one that left both
@@ -851,14 +860,16 @@ def kernel_proof(attempt: Attempt, ctx: StopContext, remove_empty_cgroup: bool =
         return None  # a legacy record, or an earlier incarnation's attempt: no pidfd kept
     if ctx.group_signal(attempt, 0) is not False:
         return None  # members left (``look`` tells whose), or a kernel before Linux 6.9
+    if len(attempt.descendants) > KERNEL_PROOF_MAX_READS:
+        return None  # a worker that forked that many gets its proof from the table, off the loop
     if any(proctree.identity_matches(d.pid, d.start_time) for d in attempt.descendants):
         return None
     cgroup = Path(attempt.cgroup) if attempt.cgroup else None
-    if cgroup is not None and cgroups.members(cgroup):
+    if cgroup is not None and not cgroups.known_empty(cgroup):
         return None
     if ctx.orphan_check is not None and (ctx.strays is None or ctx.strays()):
         return None
-    if remove_empty_cgroup and cgroup is not None and not cgroups.remove(cgroup):
+    if remove_empty_cgroup and cgroup is not None and not cgroups.remove_at_once(cgroup):
         return None
     return TreeStatus()
 

@@ -654,3 +654,60 @@ def test_read_all_reads_past_one_buffer_and_stops_at_a_short_read(tmp_path: Path
     assert proctree.read_all("/proc/self/stat").startswith(f"{os.getpid()} ".encode())
     with pytest.raises(FileNotFoundError):
         proctree.read_all(str(tmp_path / "missing"))
+
+
+# --- What the kernel proof reads is bounded: it runs on the scheduler's event loop, and the
+# worker decides how many processes and cgroups it makes. Past the bound the table look decides.
+
+
+@needs_kernel_answers
+def test_the_kernel_proof_leaves_more_recorded_descendants_than_its_bound_to_the_table() -> None:
+    own = Ownership(proctree.process_table, lambda: set(), reap_unknown=False)
+    attempt, leader = _held_attempt(["true"], own)
+    leader.wait()
+    gone = [ProcessIdentity(pid=2**22 + i, start_time=1) for i in range(processes.KERNEL_PROOF_MAX_READS + 1)]
+    within = attempt.model_copy(update={"descendants": gone[:-1]})
+    status = processes.kernel_proof(within, _context(own))
+    assert status is not None and status.gone, "all recorded descendants read and found gone"
+    over = attempt.model_copy(update={"descendants": gone})
+    assert processes.kernel_proof(over, _context(own)) is None, "one more: not read on the loop"
+
+
+@pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")
+@needs_kernel_answers
+def test_the_kernel_proof_neither_walks_nor_retries_a_cgroup_with_one_below_it() -> None:
+    """A worker may make cgroups below its attempt's (as many as it likes): the proof reads the
+    attempt's `cgroup.events` once and tries one `rmdir`; the walk and the retries are `look`'s."""
+    groups = cgroups.Cgroups.detect("taskgate-kernel-proof", (2,))
+    own = Ownership(proctree.process_table, lambda: set(), reap_unknown=False)
+    cgroup = groups.create("n" * 32)
+    below = cgroup / "made-by-the-worker"
+    try:
+        attempt, leader = _held_attempt(["true"], own, cgroup)
+        leader.wait()
+        below.mkdir()
+        assert processes.kernel_proof(attempt, _context(own), remove_empty_cgroup=True) is None
+        assert below.exists() and cgroup.exists(), "nothing below removed on the loop"
+        status = processes.look(attempt, _context(own), remove_empty_cgroup=True)
+        assert status.gone and not cgroup.exists(), "the table look removes both, off the loop"
+    finally:
+        cgroups.remove(cgroup)
+        groups.close()
+
+
+@needs_kernel_answers
+def test_more_unknown_children_than_the_bound_count_as_strays_unread() -> None:
+    before = proctree.orphan_parent_children()
+    own = Ownership(proctree.process_table, lambda: before, reap_unknown=False)
+    children = [subprocess.Popen(["true"]) for _ in range(processes.KERNEL_PROOF_MAX_READS + 1)]
+    try:
+        deadline = time.monotonic() + 10
+        while any((s := proctree.read_stat(c.pid)) is not None and s.alive for c in children):
+            assert time.monotonic() < deadline, "the children never exited"
+            time.sleep(0.01)
+        assert own.strays(), "that many children are not read one by one: they may be orphans"
+        children.pop().wait()  # one zombie fewer: within the bound, each is read and found dead
+        assert not own.strays(), "zombies within the bound are nobody's processes"
+    finally:
+        for child in children:
+            child.wait()
