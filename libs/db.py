@@ -382,11 +382,10 @@ class Database:
         self.migrations = migrations
         # SQLite has one writer at a time: one thread avoids lock waits inside
         # the process. PostgreSQL gets a few.
-        self._sqlite = is_sqlite(url)
         # SQLite: statements run in this process and never wait for a server (nor, with one
         # writer thread, for a lock), so short work may run on the event loop (``GroupCommit``).
-        self.embedded = self._sqlite
-        workers = 1 if self._sqlite else 4
+        self.embedded = is_sqlite(url)
+        workers = 1 if self.embedded else 4
         self.threads = DatabaseThreads(workers)
         self._kept = threading.local()  # each database thread's connection (``run_connection``)
         self._all_kept: list[Connection] = []
@@ -424,7 +423,7 @@ class Database:
     def transaction(self, fn: Callable[[Connection], T]) -> T:
         """(On a database thread.) ``fn`` in one transaction on a bare connection, committed
         when it returns: what ``run_connection`` runs, for work already on a database thread."""
-        if not self._sqlite:
+        if not self.embedded:
             with self.engine.begin() as pooled:
                 return fn(pooled)
         conn = getattr(self._kept, "conn", None)

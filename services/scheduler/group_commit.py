@@ -166,11 +166,9 @@ class GroupCommit:
         if not self.db.threads.idle():
             self._start_drain()
             return
-        with self._lock:
-            batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
-            if not batch:  # nothing queued after all: no empty transaction
-                self._draining = False
-                return
+        batch = self._take_batch()
+        if not batch:  # nothing queued after all: no empty transaction
+            return
         try:
             self._commit(batch, here=True)
         except BaseException as exc:
@@ -181,6 +179,14 @@ class GroupCommit:
                 self._draining = False
                 return
         asyncio.get_running_loop().call_soon(self._drain_here)
+
+    def _take_batch(self) -> list[tuple[Unit, asyncio.Future[Any]]]:
+        """The next batch off the queue; none left (empty) ends the drain."""
+        with self._lock:
+            batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
+            if not batch:
+                self._draining = False
+            return batch
 
     def _start_drain(self) -> None:
         try:
@@ -200,12 +206,7 @@ class GroupCommit:
         be idle now) — once this work no longer counts as the thread's (what it returns).
         """
         try:
-            while True:
-                with self._lock:
-                    if not self._queue:
-                        self._draining = False
-                        return None
-                    batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
+            while batch := self._take_batch():
                 self._commit(batch)
                 if self.on_loop and self._loop is not None:
                     with self._lock:
@@ -216,6 +217,7 @@ class GroupCommit:
                 if self.db.threads.others_waiting():
                     self.db.threads.submit(self._drain)  # its turn again after theirs (it stops if none is left)
                     return None
+            return None
         except BaseException as exc:
             self._fail_queued(exc)
             raise
