@@ -115,6 +115,11 @@ class Cgroups:
     def path_for(self, attempt_id: str) -> Path:
         return self.base / attempt_id
 
+    def dir_for(self, attempt_id: str) -> str:
+        """``path_for`` as a string: every launch and exit asks, and a pathlib join costs more
+        than the read it names."""
+        return f"{self.base}/{attempt_id}"
+
     def sweep(self, keep: set[str | None]) -> int:
         """Remove the empty attempt cgroups not in ``keep``; a populated one stays (it is proof of a survivor)."""
         removed = 0
@@ -166,7 +171,7 @@ def members(path: Path) -> list[int]:
     return pids
 
 
-def known_empty(path: Path) -> bool:
+def known_empty(path: Path | str) -> bool:
     """Whether the cgroup and everything below it provably holds no process, from one read of
     its ``cgroup.events`` (v2) — never a walk. A cgroup that does not exist holds nothing;
     one whose events file cannot be read (v1) is not known empty."""
@@ -178,7 +183,7 @@ def known_empty(path: Path) -> bool:
         return False
 
 
-def remove_at_once(path: Path) -> bool:
+def remove_at_once(path: Path | str) -> bool:
     """One ``rmdir`` of an empty cgroup with nothing below it; True when it is gone. Never
     walks nor waits (``remove`` does both, for a cgroup below it or a brief EBUSY)."""
     try:

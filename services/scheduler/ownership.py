@@ -101,7 +101,7 @@ class Ownership:
         return bool(self.owned or self._reapable)
 
     def cgroup_for(self, attempt_id: str) -> str | None:
-        return str(self.cgroups.path_for(attempt_id)) if self.cgroups else None
+        return self.cgroups.dir_for(attempt_id) if self.cgroups else None
 
     async def forking(self, attempt: Attempt, create_cgroup: bool = True) -> None:
         """The attempt is about to fork: own it, and create its cgroup (unless the spawn does:
@@ -220,7 +220,7 @@ class Ownership:
         unknown = children - self._leader_pids()
         if not unknown:
             return False
-        others = unknown - self._held_workers()
+        others = self._not_held(unknown)
         if len(others) > processes.KERNEL_PROOF_MAX_READS:
             return True  # called on the event loop: that many are not read one by one (``look`` will)
         for pid in others:
@@ -235,22 +235,28 @@ class Ownership:
         while a launch's worker is not recorded yet (it would count as a stray)."""
         return self.cgroups is not None or not (self._forking or self._spawned)
 
-    def _held_workers(self) -> set[int]:
-        """The processes found alone in the cgroup of an attempt whose launch has forked and
-        not said the pid yet: that launch's worker. One read of each such cgroup's own
-        ``cgroup.procs`` (10 µs; ``cgroups.members`` with its events read and walk below, 37):
-        the worker is born there, and a process in a cgroup below it is no held worker —
-        not excluded, it counts as a stray if it is a child of this process."""
+    def _not_held(self, pids: set[int]) -> set[int]:
+        """``pids`` less the held workers among them: a process found alone in the cgroup of an
+        attempt whose launch has forked and not said the pid yet is that launch's worker. One
+        read of such a cgroup's own ``cgroup.procs`` (10 µs; ``cgroups.members`` with its events
+        read and walk below, 37): the worker is born there, and a process in a cgroup below it is
+        no held worker — not excluded, it counts as a stray if it is a child of this process.
+
+        The launches are asked oldest first and no further once every pid is found: spawns are
+        served in order, so the unknown child is nearly always the oldest launch's, and the
+        others (under load ten or so, their cgroups mostly not made yet) are not read at all."""
         if self.cgroups is None:
-            return set()
+            return pids
         with self._lock:
-            forking = list(self._forking)
-        held: set[int] = set()
+            forking = list(self._forking)  # insertion order: the oldest launch first
+        left = set(pids)
         for attempt_id in forking:
-            members = cgroups.own_members(self.cgroups.path_for(attempt_id))  # None: not created yet
+            if not left:
+                break
+            members = cgroups.own_members(self.cgroups.dir_for(attempt_id))  # None: not created yet
             if members is not None and len(members) == 1:
-                held.add(members[0])
-        return held
+                left.discard(members[0])
+        return left
 
     def reap(self, table: dict[int, proctree.ProcStat]) -> None:
         known = {(d.pid, d.start_time) for a in self.owned.values() for d in a.descendants} | self._reapable

@@ -864,7 +864,7 @@ def kernel_proof(attempt: Attempt, ctx: StopContext, remove_empty_cgroup: bool =
         return None  # a worker that forked that many gets its proof from the table, off the loop
     if any(proctree.identity_matches(d.pid, d.start_time) for d in attempt.descendants):
         return None
-    cgroup = Path(attempt.cgroup) if attempt.cgroup else None
+    cgroup = attempt.cgroup or None
     if cgroup is not None and not cgroups.known_empty(cgroup):
         return None
     if ctx.orphan_check is not None and (ctx.strays is None or ctx.strays()):

@@ -91,13 +91,6 @@ class _Reply:
     start_time: int
 
 
-def _encode(value: str | bytes | os.PathLike[str]) -> bytes:
-    raw = os.fsencode(value)
-    if b"\0" in raw:
-        raise ValueError("embedded null byte")
-    return raw
-
-
 def encode_request(
     request_id: int,
     argv: list[str],
@@ -111,16 +104,21 @@ def encode_request(
 ) -> bytes:
     """One request's bytes (ValueError: a NUL in a string, as ``subprocess`` says). Paths are
     made absolute: the helper's working folder is whatever the scheduler's was when it started."""
+    fsencode = os.fsencode
     paths = [os.path.abspath(log_path), os.path.abspath(cgroup) if cgroup else "", os.path.abspath(cwd)]
-    strings = [*(_encode(p) for p in paths), *(_encode(a) for a in argv)]
-    strings += [_encode(k) + b"=" + _encode(v) for k, v in env.items()]
+    strings = [fsencode(s) for s in (*paths, *argv)]
+    strings += [fsencode(k) + b"=" + fsencode(v) for k, v in env.items()]
     for key in env:
         if "=" in key:
             raise ValueError("illegal environment variable name")
+    body = b"\0".join(strings) + b"\0"
+    # One NUL ends each string: any more is one inside a string (counted once, not per string).
+    if body.count(b"\0") != len(strings):
+        raise ValueError("embedded null byte")
     flags = (_FLAG_CGROUP_V1 if cgroup_v1 else 0) | (_FLAG_RUN_AS if run_as is not None else 0)
     uid, gid = run_as if run_as is not None else (0, 0)
     head = _REQUEST.pack(_MAGIC, request_id, flags, umask, len(argv), len(env), uid, gid)
-    return head + b"\0".join(strings) + b"\0"
+    return head + body
 
 
 class SpawnHelper:

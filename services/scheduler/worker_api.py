@@ -37,6 +37,7 @@ class WorkerSockets:
             self._owned_root = True
         os.chmod(self.root, 0o711)
         self.uids = sorted({os.getuid(), *uids})
+        self._addrs: dict[int | None, str] = {}
         for uid in self.uids:
             folder = self.root / str(uid)
             folder.mkdir(mode=0o700, exist_ok=True)
@@ -49,7 +50,11 @@ class WorkerSockets:
         return self.root / str(os.getuid() if uid is None else uid) / SOCKET_NAME
 
     def addr_for(self, uid: int | None) -> str:
-        return f"unix:{self.path_for(uid)}"
+        """The socket's gRPC address (one per uid, made once: every launch asks)."""
+        addr = self._addrs.get(uid)
+        if addr is None:
+            addr = self._addrs[uid] = f"unix:{self.path_for(uid)}"
+        return addr
 
     def hand_over(self) -> None:
         """Once listening: each socket belongs to its uid, mode 0600."""

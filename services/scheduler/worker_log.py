@@ -34,7 +34,14 @@ DEFAULT_TAIL_BYTES = 16384
 
 
 def attempt_log_path(data_dir: Path, task_id: str, number: int) -> Path:
-    return resolved_dir(data_dir) / "logs" / "workers" / f"{task_id}.attempt-{number}.log"
+    return _workers_log_dir(data_dir) / f"{task_id}.attempt-{number}.log"
+
+
+@functools.lru_cache(maxsize=16)
+def _workers_log_dir(data_dir: Path) -> Path:
+    """Where the attempts' logs go, joined once: every launch asks, and each pathlib join costs
+    a few µs."""
+    return resolved_dir(data_dir) / "logs" / "workers"
 
 
 def legacy_attempt_log_path(data_dir: Path, task_id: str, number: int) -> Path:

@@ -634,6 +634,45 @@ def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
         groups.close()
 
 
+@pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")
+@needs_kernel_answers
+def test_held_workers_are_looked_for_oldest_launch_first_and_no_further(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under load ten launches or so wait for the spawn helper at once; every exit asks whether
+    an unknown child is a held worker. The oldest launch's cgroup holds it, and once it is found
+    the other launches' cgroups are not read."""
+    groups = cgroups.Cgroups.detect("taskgate-strays-order", (2,))
+    before = proctree.orphan_parent_children()
+    own = Ownership(proctree.process_table, lambda: before, reap_unknown=False)
+    own.cgroups = groups
+    launching = "l" * 32
+    cgroup = groups.create(launching)
+    child = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: (cgroup / "cgroup.procs").write_text("0"))  # noqa: PLW1509
+    read: list[str] = []
+    real_own_members = cgroups.own_members
+
+    def counted(path: Path | str) -> list[int] | None:
+        read.append(str(path))
+        return real_own_members(path)
+
+    monkeypatch.setattr(cgroups, "own_members", counted)
+    try:
+        own._forking[launching] = proctree.boot_ticks() - 1
+        for n in range(9):  # later launches, their cgroups not made yet
+            own._forking[f"{n}" * 32] = proctree.boot_ticks() - 1
+        assert not own.strays(), "the oldest launch's held worker"
+        assert read == [str(cgroup)], "one read: the later launches' cgroups are not asked"
+        read.clear()
+        # The held one found in a later launch's cgroup: every launch before it is asked.
+        own._forking = {a: t for a, t in own._forking.items() if a != launching} | {launching: 0}
+        assert not own.strays()
+        assert len(read) == 10 and read[-1] == str(cgroup)
+    finally:
+        child.kill()
+        child.wait()
+        cgroups.remove(cgroup)
+        groups.close()
+
+
 def test_in_subreaper_mode_the_kernel_is_not_asked_while_a_launch_is_unrecorded() -> None:
     own = Ownership(proctree.process_table, lambda: set(), reap_unknown=False)
     assert own.kernel_may_prove()
