@@ -31,6 +31,11 @@ savepoint. A unit may therefore run more than once; units are functions of what 
 with no effect outside their transaction (what they return is taken from the run that
 committed). Units seldom fail (an unknown task, a refused transition: races).
 
+A unit that starts by locking one task's row can say which (``LockingUnit``): before an
+optimistic batch of several runs, ``before_units`` may lock all their rows at once (the store
+does on PostgreSQL, where each lock is a round trip of its own; ``SchedulerStore._lock_batch``).
+Should that fail, the batch runs again isolated, without it.
+
 Units get a ``Tx`` — the transaction's Core connection — not an ORM session: the
 store's statements are all Core, and a session (its begin, connection lookup and
 commit) cost more per transaction than a hot unit's statements. Savepoints are
@@ -45,7 +50,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection
 
@@ -80,6 +85,21 @@ class Tx(OnConnection):
 
 Unit = Callable[[Tx], Any]
 
+
+class LockingUnit(Generic[T]):
+    """A unit whose first statement locks the row of task ``task_id``: a batch's ``before_units``
+    may lock the rows of all its units in one statement before they run."""
+
+    __slots__ = ("func", "task_id")
+
+    def __init__(self, func: Callable[[Tx], T], task_id: str) -> None:
+        self.func = func
+        self.task_id = task_id
+
+    def __call__(self, tx: Tx) -> T:
+        return self.func(tx)
+
+
 _unit_counts = Children(STORE_UNITS)
 _unit_cpu = Children(STORE_UNIT_CPU)
 _unit_names: dict[str, str] = {}
@@ -87,7 +107,7 @@ _unit_names: dict[str, str] = {}
 
 def unit_name(unit: Unit) -> str:
     """The store call a unit comes from: ``SchedulerStore.update_task.<locals>.work`` -> ``update_task``."""
-    target = unit.func if isinstance(unit, functools.partial) else unit
+    target = unit.func if isinstance(unit, (functools.partial, LockingUnit)) else unit
     qualname = getattr(target, "__qualname__", type(target).__name__)
     name = _unit_names.get(qualname)
     if name is None:
@@ -122,6 +142,7 @@ class GroupCommit:
         before_commit: Callable[[Tx], None] | None = None,
         optimistic: bool = True,
         on_loop: bool | None = None,
+        before_units: Callable[[Tx, list[Unit]], None] | None = None,
     ) -> None:
         self.db = db
         # Batches may commit on the event loop while the database's thread is idle (see the
@@ -132,6 +153,8 @@ class GroupCommit:
         self.optimistic = optimistic
         # Runs last in every batch's transaction (the store sends its NOTIFYs there).
         self.before_commit = before_commit
+        # Runs first in a transaction of several units, with them (the store locks their rows).
+        self.before_units = before_units
         self.max_units = max_units
         # Units waiting for a transaction, shared with the database thread that drains them.
         self._queue: list[tuple[Unit, asyncio.Future[Any]]] = []
@@ -255,7 +278,9 @@ class GroupCommit:
     def _transact(self, batch: list[tuple[Unit, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
         """The batch's transaction: optimistic first, then (a unit failed) each unit isolated."""
         units = [unit for unit, _ in batch]
-        run = functools.partial(_run_units, units=units, before_commit=self.before_commit)
+        run = functools.partial(
+            _run_units, units=units, before_commit=self.before_commit, before_units=self.before_units
+        )
         try:
             return self.db.transaction(functools.partial(run, isolate=not self.optimistic))
         except _Isolate:  # a unit failed in the optimistic run: nothing of it committed
@@ -304,9 +329,21 @@ def _run_alone(conn: Connection, unit: Callable[[Tx], T], before_commit: Callabl
 
 
 def _run_units(
-    conn: Connection, *, units: list[Unit], before_commit: Callable[[Tx], None] | None = None, isolate: bool = True
+    conn: Connection,
+    *,
+    units: list[Unit],
+    before_commit: Callable[[Tx], None] | None = None,
+    isolate: bool = True,
+    before_units: Callable[[Tx, list[Unit]], None] | None = None,
 ) -> list[tuple[bool, Any]]:
     tx = Tx(conn)
+    if before_units is not None and len(units) > 1 and not isolate:
+        # Only in the optimistic run: should it fail (a deadlock, say), the batch runs again
+        # isolated, without it, and the error is the one unit's whose lock it was.
+        try:
+            before_units(tx, units)
+        except Exception as exc:
+            raise _Isolate() from exc
     if len(units) == 1:  # nothing to isolate from: no savepoint
         try:
             outcomes = [(True, _run_unit(units[0], tx))]

@@ -42,7 +42,7 @@ from services.scheduler.domain import (
     resolve_host_gone,
     stop_elsewhere,
 )
-from services.scheduler.group_commit import GroupCommit, Tx
+from services.scheduler.group_commit import GroupCommit, LockingUnit, Tx, Unit
 
 # A lost-host sweep waits this long at most for a lock: a renewal racing it commits in
 # milliseconds, while a host frozen mid-transaction would hold it until PostgreSQL ends that
@@ -288,6 +288,16 @@ _PG_TASK_WITH_ATTEMPTS = Direct(
     ),
     returns=["doc", "attempt_docs"],
 )
+# PostgreSQL: the rows a batch's units lock, locked together in one round trip before they run
+# (in id order: two batches locking some of the same rows cannot deadlock on each other).
+_PG_LOCK_BATCH = Direct(
+    text(
+        "SELECT t.task_id, t.doc, ARRAY(SELECT a.doc FROM attempts a WHERE a.task_id = t.task_id ORDER BY a.number)"
+        " AS attempt_docs FROM tasks t WHERE t.task_id = ANY(CAST(:task_ids AS text[]))"
+        " ORDER BY t.task_id FOR UPDATE OF t"
+    ),
+    returns=["task_id", "doc", "attempt_docs"],
+)
 # PostgreSQL: claimed tasks made this host's, one statement for them all (the documents made in Python).
 _PG_CLAIM_OWNER = Direct(
     text(
@@ -420,6 +430,7 @@ def _task_values(task: Task, new: bool) -> dict[str, Any]:
 
 
 def _write_task(session: Tx, task: Task, new: bool = False) -> None:
+    _changed(session, task.task_id)
     values = _task_values(task, new)
     if new:
         _INSERT_TASK.execute(session, values)
@@ -474,6 +485,7 @@ def _write_with_event(
         if attempt is not None:
             _write_attempt(s, attempt)
         return _append_event(s, task, event_type, at, origin)
+    _changed(s, task.task_id)
     params = _task_values(task, new)
     params.update(type=event_type, at=at, ev_state=task.state.value, ev_doc=_event_doc(task, event_type), origin=origin)
     if attempt is not None:
@@ -498,10 +510,32 @@ def _task_with_attempts(s: Tx, task_id: str) -> tuple[Task, list[Attempt]]:
     return _task_from_row(rows[0]), [Attempt.model_validate_json(a.doc) for a in attempts]
 
 
+_BATCH_LOCKED = "batch_locked"  # Tx.info: task id -> its row as the batch's lock read it
+
+
+def _take_batch_locked(s: Tx, task_id: str) -> Any:
+    """The row (doc, attempt_docs) the batch's lock read for ``task_id`` and nothing of this
+    transaction has changed since (``SchedulerStore._lock_batch``), taken once; None: read it."""
+    locked = s.info.get(_BATCH_LOCKED)
+    return locked.pop(task_id, None) if locked else None
+
+
+def _changed(s: Tx, task_id: str) -> None:
+    """``task_id``'s row or attempts were written in this transaction: a row the batch's lock
+    read before is stale, and the unit that wants it reads it again."""
+    locked = s.info.get(_BATCH_LOCKED)
+    if locked:
+        locked.pop(task_id, None)
+
+
 def _locked_task_with_attempt_docs(s: Tx, task_id: str, postgres: bool) -> tuple[Task, list[str]] | None:
     """The task, locked, and its attempts' documents by number; None when there is no such task.
-    PostgreSQL: one round trip (``_PG_TASK_WITH_ATTEMPTS``); SQLite: two statements, a few µs each."""
+    PostgreSQL: one round trip (``_PG_TASK_WITH_ATTEMPTS``), none when the batch locked it;
+    SQLite: two statements, a few µs each."""
     if postgres:
+        row = _take_batch_locked(s, task_id)
+        if row is not None:
+            return _task_from_row(row), list(row.attempt_docs)
         rows = _rows(s, _PG_TASK_WITH_ATTEMPTS, {"task_id": task_id})
         return (_task_from_row(rows[0]), list(rows[0].attempt_docs)) if rows else None
     rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
@@ -543,7 +577,10 @@ class SchedulerStore:
         self.postgres = db.engine.dialect.name == "postgresql"
         # Every unit of work goes through one group commit: concurrent tasks' changes
         # share a transaction (each whole or not at all), committed before anyone hears.
-        self.group = GroupCommit(db, before_commit=self.send_notifications)
+        # PostgreSQL: a batch's task locks taken in one round trip (``_lock_batch``).
+        self.group = GroupCommit(
+            db, before_commit=self.send_notifications, before_units=self._lock_batch if self.postgres else None
+        )
         self._run = self.group.run
         # Whether a task that is ending may hold a question in the pending-registry; the
         # runtime narrows it (a task of this incarnation that never asked needs no close).
@@ -742,9 +779,10 @@ class SchedulerStore:
 
         def work(s: Tx) -> tuple[Task, StoredEvent | None]:
             # FOR UPDATE: concurrent changes of one task (a report racing the exit
-            # handler) serialize on PostgreSQL instead of losing an update. SQLite
-            # already serializes writers (BEGIN IMMEDIATE).
-            rows = _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
+            # handler) serialize on PostgreSQL instead of losing an update (locked already when
+            # the batch's lock took it). SQLite already serializes writers (BEGIN IMMEDIATE).
+            locked = _take_batch_locked(s, task_id)
+            rows = [locked] if locked is not None else _rows(s, _SELECT_TASK_FOR_UPDATE, {"task_id": task_id})
             if not rows:
                 raise TaskNotFound("TASK_NOT_FOUND", f"no task {task_id}")
             current = _task_from_row(rows[0])
@@ -772,7 +810,7 @@ class SchedulerStore:
                 dataclasses.replace(stored, previous=before.state, closes_questions=closes) if stored else None
             )
 
-        return await self._run(work)
+        return await self._run(LockingUnit(work, task_id))
 
     def _queue_question_close(self, s: Tx, before: Task, after: Task, at: int) -> bool:
         """An ending task's question-close outbox row, in the ending transaction (once).
@@ -916,6 +954,17 @@ class SchedulerStore:
 
     # --- several hosts --------------------------------------------------------
 
+    def _lock_batch(self, s: Tx, units: list[Unit]) -> None:
+        """(PostgreSQL, before a batch's units run.) Lock the rows of the tasks its units lock
+        first, and read them (with their attempts' documents), in one round trip: a busy batch
+        holds a dozen such units, each a round trip of its own otherwise. Each unit takes its
+        row from here unless something of the transaction wrote that task's row or attempts
+        before it ran (``_changed``); a row not found is looked for again by its unit."""
+        ids = sorted({u.task_id for u in units if isinstance(u, LockingUnit)})
+        if len(ids) < 2:
+            return
+        s.info[_BATCH_LOCKED] = {row.task_id: row for row in _PG_LOCK_BATCH.rows(s, {"task_ids": ids})}
+
     def send_notifications(self, session: Tx) -> None:
         """Send the transaction's queued NOTIFYs (PostgreSQL delivers them at commit, if it commits)."""
         payloads = session.info.pop("notify", None)
@@ -954,6 +1003,8 @@ class SchedulerStore:
                     taken.append(task)
                 claimed.append(task.task_id)
             if taken and self.postgres:  # one round trip for all of them
+                for task in taken:
+                    _changed(s, task.task_id)
                 docs = [task.model_dump_json(exclude_none=True) for task in taken]
                 _PG_CLAIM_OWNER.execute(
                     s, {"host_id": self.host_id, "task_ids": [task.task_id for task in taken], "docs": docs}
@@ -986,7 +1037,7 @@ class SchedulerStore:
                 _write_attempt(s, attempt)
             return task, previous, attempt
 
-        return await self._run(work)
+        return await self._run(LockingUnit(work, task_id))
 
     async def save_launching_attempt(self, attempt: Attempt) -> None:
         """``begin_launch`` for an attempt made beforehand; NotOwner when the task is gone or no
@@ -1432,4 +1483,5 @@ def _attempt_values(attempt: Attempt) -> dict[str, Any]:
 
 def _write_attempt(s: Tx, attempt: Attempt) -> None:
     """One statement, insert or update: the launch inserts the row, every later save updates it."""
+    _changed(s, attempt.task_id)
     _UPSERT_ATTEMPT.execute(s, _attempt_values(attempt))

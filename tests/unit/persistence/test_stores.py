@@ -750,3 +750,149 @@ def test_an_optimistic_batch_takes_no_savepoint_and_a_failing_unit_sends_it_roun
         "SAVEPOINT unit", "b", "ROLLBACK TO SAVEPOINT unit", "RELEASE SAVEPOINT unit",
         "SAVEPOINT unit", "c", "RELEASE SAVEPOINT unit",
     ]  # fmt: skip
+
+
+def test_a_batchs_units_can_be_prepared_together_in_its_optimistic_run_only() -> None:
+    """``before_units`` (the store's batch lock on PostgreSQL) runs once before a batch of
+    several units, with them, in the optimistic run; a failure of its own sends the batch round
+    again isolated, where it does not run (each unit then locks its own row)."""
+    from services.scheduler.group_commit import LockingUnit, Tx, _Isolate, _run_units
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.sql: list[str] = []
+
+        def execute(self, sql: str, *_: object) -> None:
+            self.sql.append(sql)
+
+    class Conn:
+        def __init__(self) -> None:
+            self.connection = type("C", (), {"driver_connection": Recorder()})()
+
+    def unit(name: str) -> Callable[[Tx], str]:
+        def run(tx: Tx) -> str:
+            tx.driver.execute(name)
+            return name
+
+        return run
+
+    prepared: list[list[str]] = []
+
+    def prepare(tx: Tx, units: list[Callable[[Tx], object]]) -> None:
+        tx.driver.execute("LOCK")
+        prepared.append([u.task_id for u in units if isinstance(u, LockingUnit)])
+
+    units = [LockingUnit(unit("a"), "t1"), unit("b"), LockingUnit(unit("c"), "t2")]
+    conn = Conn()
+    assert _run_units(conn, units=units, isolate=False, before_units=prepare) == [  # type: ignore[arg-type]
+        (True, "a"), (True, "b"), (True, "c"),
+    ]  # fmt: skip
+    assert conn.connection.driver_connection.sql == ["LOCK", "a", "b", "c"] and prepared == [["t1", "t2"]]
+
+    conn = Conn()
+    _run_units(conn, units=units, isolate=True, before_units=prepare)  # type: ignore[arg-type]
+    assert "LOCK" not in conn.connection.driver_connection.sql, "not in the isolated run"
+    conn = Conn()
+    _run_units(conn, units=units[:1], isolate=False, before_units=prepare)  # type: ignore[arg-type]
+    assert conn.connection.driver_connection.sql == ["a"], "a lone unit locks its own row"
+
+    def fails(tx: Tx, units: list[Callable[[Tx], object]]) -> None:
+        raise RuntimeError("deadlock detected")
+
+    conn = Conn()
+    with pytest.raises(_Isolate):
+        _run_units(conn, units=units, isolate=False, before_units=fails)  # type: ignore[arg-type]
+    assert conn.connection.driver_connection.sql == [], "no unit ran in the given-up run"
+
+
+async def test_a_batchs_task_locks_are_one_round_trip_on_postgresql(
+    scheduler_db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twenty changes of twenty tasks at once: on PostgreSQL their rows are locked and read by
+    one statement for the batch, not one each; on SQLite (a lock there costs a few µs, and the
+    database is the transaction's alone) each unit reads its own."""
+    import asyncio
+
+    from services.scheduler import store as store_module
+
+    store = SchedulerStore(scheduler_db)
+    ids = [f"{i:032x}" for i in range(1, 21)]
+    for task_id in ids:
+        await store.create_task(make_task(task_id))
+    counts = {"batch": 0, "single": 0}
+
+    def counting(direct: object, key: str) -> None:
+        real = direct.rows  # type: ignore[attr-defined]
+
+        def rows(tx: object, params: dict[str, object]) -> list[object]:
+            counts[key] += 1
+            return real(tx, params)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(direct, "rows", rows)
+
+    counting(store_module._PG_LOCK_BATCH, "batch")
+    counting(store_module._SELECT_TASK_FOR_UPDATE, "single")
+
+    def add(path: str) -> Callable[[Task], Task]:
+        def change(t: Task) -> Task:
+            t.observed_paths = [*t.observed_paths, path]
+            return t
+
+        return change
+
+    await asyncio.gather(*(store.update_task(t, add("p"), None, 1) for t in ids))
+    if store.postgres:
+        assert counts == {"batch": 1, "single": 0}
+    else:
+        assert counts == {"batch": 0, "single": 20}
+    for task_id in ids:
+        task = await store.get_task(task_id)
+        assert task.observed_paths == ["p"] and task.version == 1
+
+
+async def test_a_row_a_batch_locked_is_read_again_after_another_unit_wrote_it(scheduler_db: Database) -> None:
+    """The batch's lock reads every row before any unit runs; a unit that runs after another
+    one wrote its task's row or attempts (a claim making it this host's, an attempt saved)
+    must see that write, not the row as the lock read it."""
+    import asyncio
+
+    store = SchedulerStore(scheduler_db, "h1")
+    await store.create_task(make_task("1" * 32))
+    await store.create_task(make_task("2" * 32))
+
+    def add(path: str) -> Callable[[Task], Task]:
+        def change(t: Task) -> Task:
+            t.observed_paths = [*t.observed_paths, path]
+            return t
+
+        return change
+
+    # One batch: the claim (no lock of its own) rewrites both rows, then two locking units.
+    claimed, first, second = await asyncio.gather(
+        store.claim_queued(2, (), any_owner=False),
+        store.update_task("1" * 32, add("p"), None, 1),
+        store.update_task("2" * 32, add("q"), None, 1),
+    )
+    assert sorted(claimed) == ["1" * 32, "2" * 32]
+    for task_id, path in (("1" * 32, "p"), ("2" * 32, "q")):
+        task = await store.get_task(task_id)
+        assert task.owner_host == "h1", "the claim's write was not lost to a stale row"
+        assert task.observed_paths == [path] and task.version == 2
+
+    # One batch: an attempt saved, then a launch that plans from the task's earlier attempts.
+    seen: list[list[int]] = []
+
+    def plan(task: Task, previous: list[Attempt]) -> Attempt:
+        seen.append([a.number for a in previous])
+        return Attempt(
+            attempt_id="9" * 32, task_id=task.task_id, number=len(previous) + 1, boot_id="b", token_hash="9" * 64
+        )
+
+    saved = Attempt(attempt_id="8" * 32, task_id="1" * 32, number=1, boot_id="b", token_hash="8" * 64)
+    _, begun, _ = await asyncio.gather(
+        store.save_attempt(saved),
+        store.begin_launch("1" * 32, plan),
+        store.update_task("2" * 32, add("r"), None, 1),
+    )
+    assert begun is not None and seen == [[1]], "the launch saw the attempt saved before it"
+    assert [a.number for a in await store.attempts_of("1" * 32)] == [1, 2]
