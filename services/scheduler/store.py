@@ -969,8 +969,7 @@ class SchedulerStore:
         """Send the transaction's queued NOTIFYs (PostgreSQL delivers them at commit, if it commits)."""
         payloads = session.info.pop("notify", None)
         if payloads and self.postgres:
-            for payload in sorted(payloads):
-                _NOTIFY.execute(session, {"payload": payload})  # in the batch's pipeline, if any
+            _NOTIFY.execute(session, {"payloads": sorted(payloads)})  # all of them in one round trip
 
     async def claim_queued(self, limit: int, skip: Iterable[str], any_owner: bool) -> list[str]:
         """Claim up to ``limit`` queued tasks for this host, oldest first; their ids.
@@ -1420,7 +1419,12 @@ class SchedulerStore:
         return await self._run(work)
 
 
-_NOTIFY = Direct(text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :payload)"))  # PostgreSQL only
+_NOTIFY = Direct(  # PostgreSQL only
+    text(
+        f"SELECT pg_notify('{NOTIFY_CHANNEL}', p.payload)"
+        " FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS p(payload, n) ORDER BY p.n"
+    )
+)
 _UPSERT_HOST = text(
     "INSERT INTO scheduler_hosts (host_id, boot_id, started_at, lease_expires_at)"
     " VALUES (:host_id, :boot_id, :started_at, :until)"

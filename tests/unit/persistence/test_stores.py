@@ -896,3 +896,32 @@ async def test_a_row_a_batch_locked_is_read_again_after_another_unit_wrote_it(sc
     )
     assert begun is not None and seen == [[1]], "the launch saw the attempt saved before it"
     assert [a.number for a in await store.attempts_of("1" * 32)] == [1, 2]
+
+
+async def test_a_transactions_notifications_all_reach_a_listener_once_it_commits(postgres_url: str) -> None:
+    """PostgreSQL: what a batch queued for the other replicas (a task queued for anyone, events
+    in the log) is sent by one statement before the commit, every payload once, and delivered
+    only when the transaction commits."""
+    import asyncio
+
+    import psycopg
+
+    from libs.db import libpq_url
+    from services.scheduler.store import NOTIFY_CHANNEL
+    from tests.support.postgres import fresh_database
+
+    url = fresh_database(postgres_url, "notify")
+    db = Database(url, SCHEDULER_MIGRATIONS)
+    db.migrate()
+    try:
+        store = SchedulerStore(db, "h1")
+        with psycopg.connect(libpq_url(url), autocommit=True) as listener:
+            listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            before = store.group.transactions
+            await asyncio.gather(*(store.create_task(make_task(f"{i:032x}")) for i in range(1, 6)))
+            batches = store.group.transactions - before
+            got = [n.payload for n in listener.notifies(timeout=1.0)]
+            # Each transaction: each payload once, however many of its units queued it.
+            assert sorted(got) == sorted(["events:h1", "queued"] * batches) and 1 <= batches < 5
+    finally:
+        db.close()
