@@ -707,32 +707,44 @@ def test_a_units_name_is_the_store_call_it_comes_from() -> None:
     assert unit_name(functools.partial(store._claim, limit=3)) == "_claim"
 
 
+class _Recorder:
+    """A driver connection that records the SQL it is given (the group commit's mechanism alone)."""
+
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+
+    def execute(self, sql: str, *_: object) -> None:
+        self.sql.append(sql)
+
+
+class _RecordingConn:
+    def __init__(self) -> None:
+        self.connection = type("C", (), {"driver_connection": _Recorder()})()
+
+    @property
+    def sql(self) -> list[str]:
+        return self.connection.driver_connection.sql  # type: ignore[no-any-return]
+
+
+def _recorded_unit(name: str, fail: bool = False) -> Callable[[object], str]:
+    """A unit that sends ``name`` as its statement (and then fails, with ``fail``)."""
+
+    def run(tx: object) -> str:
+        tx.driver.execute(name)  # type: ignore[attr-defined]
+        if fail:
+            raise ValueError(name)
+        return name
+
+    return run
+
+
 def test_an_optimistic_batch_takes_no_savepoint_and_a_failing_unit_sends_it_round_again() -> None:
     """The mechanism alone, on a recording driver: isolated units each get a savepoint (one
     that fails is rolled back to it); optimistic units get none, and one failing unit makes the
     whole run give up, to be run again isolated."""
-    from services.scheduler.group_commit import Tx, _Isolate, _run_units
+    from services.scheduler.group_commit import _Isolate, _run_units
 
-    class Recorder:
-        def __init__(self) -> None:
-            self.sql: list[str] = []
-
-        def execute(self, sql: str, *_: object) -> None:
-            self.sql.append(sql)
-
-    class Conn:
-        def __init__(self) -> None:
-            self.connection = type("C", (), {"driver_connection": Recorder()})()
-
-    def unit(name: str, fail: bool = False) -> Callable[[Tx], str]:
-        def run(tx: Tx) -> str:
-            tx.driver.execute(name)
-            if fail:
-                raise ValueError(name)
-            return name
-
-        return run
-
+    unit, Conn = _recorded_unit, _RecordingConn
     conn = Conn()
     outcomes = _run_units(conn, units=[unit("a"), unit("b")], isolate=False)  # type: ignore[arg-type]
     assert outcomes == [(True, "a"), (True, "b")] and conn.connection.driver_connection.sql == ["a", "b"]
@@ -758,24 +770,7 @@ def test_a_batchs_units_can_be_prepared_together_in_its_optimistic_run_only() ->
     again isolated, where it does not run (each unit then locks its own row)."""
     from services.scheduler.group_commit import LockingUnit, Tx, _Isolate, _run_units
 
-    class Recorder:
-        def __init__(self) -> None:
-            self.sql: list[str] = []
-
-        def execute(self, sql: str, *_: object) -> None:
-            self.sql.append(sql)
-
-    class Conn:
-        def __init__(self) -> None:
-            self.connection = type("C", (), {"driver_connection": Recorder()})()
-
-    def unit(name: str) -> Callable[[Tx], str]:
-        def run(tx: Tx) -> str:
-            tx.driver.execute(name)
-            return name
-
-        return run
-
+    unit, Conn = _recorded_unit, _RecordingConn
     prepared: list[list[str]] = []
 
     def prepare(tx: Tx, units: list[Callable[[Tx], object]]) -> None:

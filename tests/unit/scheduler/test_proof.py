@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -574,14 +575,11 @@ def test_strays_are_the_live_children_that_are_no_known_leader() -> None:
         child.wait()
 
 
-@pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")
-@needs_kernel_answers
-def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
-    """Under load a launch's worker is nearly always a child not recorded yet. Born and held alone
-    in its launching attempt's cgroup, it is not counted against another attempt's proof. The same
-    child in another cgroup, or not alone in its own, or in the cgroup of a launch that has said
-    its pid already, is."""
-    groups = cgroups.Cgroups.detect("taskgate-strays", (2,))
+@contextlib.contextmanager
+def _a_child_in_a_launching_cgroup(name: str) -> Iterator[tuple[Ownership, Path, str]]:
+    """An ownership in cgroup mode (cgroups under ``name``) and a child of this process alone
+    in the cgroup of attempt ``launching``: (the ownership, that cgroup, ``launching``)."""
+    groups = cgroups.Cgroups.detect(name, (2,))
     before = proctree.orphan_parent_children()
     own = Ownership(proctree.process_table, lambda: before, reap_unknown=False)
     own.cgroups = groups
@@ -589,6 +587,22 @@ def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
     cgroup = groups.create(launching)
     child = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: (cgroup / "cgroup.procs").write_text("0"))  # noqa: PLW1509
     try:
+        yield own, cgroup, launching
+    finally:
+        child.kill()
+        child.wait()
+        cgroups.remove(cgroup)
+        groups.close()
+
+
+@pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")
+@needs_kernel_answers
+def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
+    """Under load a launch's worker is nearly always a child not recorded yet. Born and held alone
+    in its launching attempt's cgroup, it is not counted against another attempt's proof. The same
+    child in another cgroup, or not alone in its own, or in the cgroup of a launch that has said
+    its pid already, is."""
+    with _a_child_in_a_launching_cgroup("taskgate-strays") as (own, cgroup, launching):
         assert own.strays(), "not launching: a child nobody knows"
         own._forking[launching] = proctree.boot_ticks() - 1
         assert not own.strays(), "the launching attempt's own worker"
@@ -627,11 +641,6 @@ def test_a_worker_being_launched_in_its_attempts_cgroup_is_no_stray() -> None:
         del own._forking["o" * 32]
         own._spawned[launching] = 1
         assert own.strays(), "a launch whose pid is said holds no unknown child"
-    finally:
-        child.kill()
-        child.wait()
-        cgroups.remove(cgroup)
-        groups.close()
 
 
 @pytest.mark.skipif(not cgroups_available(), reason="no usable cgroup v2 here")
@@ -640,13 +649,6 @@ def test_held_workers_are_looked_for_oldest_launch_first_and_no_further(monkeypa
     """Under load ten launches or so wait for the spawn helper at once; every exit asks whether
     an unknown child is a held worker. The oldest launch's cgroup holds it, and once it is found
     the other launches' cgroups are not read."""
-    groups = cgroups.Cgroups.detect("taskgate-strays-order", (2,))
-    before = proctree.orphan_parent_children()
-    own = Ownership(proctree.process_table, lambda: before, reap_unknown=False)
-    own.cgroups = groups
-    launching = "l" * 32
-    cgroup = groups.create(launching)
-    child = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: (cgroup / "cgroup.procs").write_text("0"))  # noqa: PLW1509
     read: list[str] = []
     real_own_members = cgroups.own_members
 
@@ -655,7 +657,7 @@ def test_held_workers_are_looked_for_oldest_launch_first_and_no_further(monkeypa
         return real_own_members(path)
 
     monkeypatch.setattr(cgroups, "own_members", counted)
-    try:
+    with _a_child_in_a_launching_cgroup("taskgate-strays-order") as (own, cgroup, launching):
         own._forking[launching] = proctree.boot_ticks() - 1
         for n in range(9):  # later launches, their cgroups not made yet
             own._forking[f"{n}" * 32] = proctree.boot_ticks() - 1
@@ -666,11 +668,6 @@ def test_held_workers_are_looked_for_oldest_launch_first_and_no_further(monkeypa
         own._forking = {a: t for a, t in own._forking.items() if a != launching} | {launching: 0}
         assert not own.strays()
         assert len(read) == 10 and read[-1] == str(cgroup)
-    finally:
-        child.kill()
-        child.wait()
-        cgroups.remove(cgroup)
-        groups.close()
 
 
 def test_in_subreaper_mode_the_kernel_is_not_asked_while_a_launch_is_unrecorded() -> None:
