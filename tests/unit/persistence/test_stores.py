@@ -292,20 +292,23 @@ def test_table_models_match_the_migrated_schema(db_url: str, migrations: list[Mi
         db.close()
 
 
+def _add_path(path: str) -> Callable[[Task], Task]:
+    """A change that adds ``path`` to the task's observed paths (each change visible in the result)."""
+
+    def change(t: Task) -> Task:
+        t.observed_paths = [*t.observed_paths, path]
+        return t
+
+    return change
+
+
 async def test_concurrent_changes_of_one_task_are_not_lost(scheduler_db: Database) -> None:
     import asyncio
 
     store = SchedulerStore(scheduler_db)
     await store.create_task(make_task("1" * 32))
 
-    def add(path: str) -> Callable[[Task], Task]:
-        def change(t: Task) -> Task:
-            t.observed_paths = [*t.observed_paths, path]
-            return t
-
-        return change
-
-    await asyncio.gather(*(store.update_task("1" * 32, add(f"p{i}"), None, 1) for i in range(40)))
+    await asyncio.gather(*(store.update_task("1" * 32, _add_path(f"p{i}"), None, 1) for i in range(40)))
     stored = await store.get_task("1" * 32)
     assert sorted(stored.observed_paths) == sorted(f"p{i}" for i in range(40))
 
@@ -828,14 +831,7 @@ async def test_a_batchs_task_locks_are_one_round_trip_on_postgresql(
     counting(store_module._PG_LOCK_BATCH, "batch")
     counting(store_module._SELECT_TASK_FOR_UPDATE, "single")
 
-    def add(path: str) -> Callable[[Task], Task]:
-        def change(t: Task) -> Task:
-            t.observed_paths = [*t.observed_paths, path]
-            return t
-
-        return change
-
-    await asyncio.gather(*(store.update_task(t, add("p"), None, 1) for t in ids))
+    await asyncio.gather(*(store.update_task(t, _add_path("p"), None, 1) for t in ids))
     if store.postgres:
         assert counts == {"batch": 1, "single": 0}
     else:
@@ -855,18 +851,11 @@ async def test_a_row_a_batch_locked_is_read_again_after_another_unit_wrote_it(sc
     await store.create_task(make_task("1" * 32))
     await store.create_task(make_task("2" * 32))
 
-    def add(path: str) -> Callable[[Task], Task]:
-        def change(t: Task) -> Task:
-            t.observed_paths = [*t.observed_paths, path]
-            return t
-
-        return change
-
     # One batch: the claim (no lock of its own) rewrites both rows, then two locking units.
     claimed, first, second = await asyncio.gather(
         store.claim_queued(2, (), any_owner=False),
-        store.update_task("1" * 32, add("p"), None, 1),
-        store.update_task("2" * 32, add("q"), None, 1),
+        store.update_task("1" * 32, _add_path("p"), None, 1),
+        store.update_task("2" * 32, _add_path("q"), None, 1),
     )
     assert sorted(claimed) == ["1" * 32, "2" * 32]
     for task_id, path in (("1" * 32, "p"), ("2" * 32, "q")):
@@ -887,7 +876,7 @@ async def test_a_row_a_batch_locked_is_read_again_after_another_unit_wrote_it(sc
     _, begun, _ = await asyncio.gather(
         store.save_attempt(saved),
         store.begin_launch("1" * 32, plan),
-        store.update_task("2" * 32, add("r"), None, 1),
+        store.update_task("2" * 32, _add_path("r"), None, 1),
     )
     assert begun is not None and seen == [[1]], "the launch saw the attempt saved before it"
     assert [a.number for a in await store.attempts_of("1" * 32)] == [1, 2]
