@@ -689,7 +689,7 @@ async def test_the_database_threads_cpu_is_counted_by_store_call(scheduler_db: D
 def test_a_units_name_is_the_store_call_it_comes_from() -> None:
     import functools
 
-    from services.scheduler.group_commit import unit_name
+    from services.scheduler.group_commit import LockingUnit, unit_name
 
     class Store:
         def update_task(self) -> Callable[[object], None]:
@@ -708,6 +708,7 @@ def test_a_units_name_is_the_store_call_it_comes_from() -> None:
     assert unit_name(store.update_task()) == "update_task"
     assert unit_name(store.save_attempt()) == "save_attempt"
     assert unit_name(functools.partial(store._claim, limit=3)) == "_claim"
+    assert unit_name(LockingUnit(store.update_task(), "t" * 32)) == "update_task"  # a unit that says its lock
 
 
 class _Recorder:
