@@ -163,7 +163,7 @@ def _walk(path: Path) -> list[Path]:
 
 def members(path: Path) -> list[int]:
     """The processes in the cgroup and every cgroup below it."""
-    if _events_say_empty(path):
+    if known_empty(path):  # v2: one read says so for the cgroup and all below it
         return []
     pids: list[int] = []
     for cg in _walk(path):
@@ -202,14 +202,6 @@ def own_members(path: Path | str) -> list[int] | None:
         return [int(p) for p in proctree.read_all(f"{path}/cgroup.procs").split()]
     except (OSError, ValueError):
         return None
-
-
-def _events_say_empty(path: Path) -> bool:
-    """v2: ``populated 0`` covers the cgroup and all below it, in one read."""
-    try:
-        return b"populated 0\n" in proctree.read_all(f"{path}/cgroup.events")
-    except OSError:
-        return False
 
 
 def populated(path: Path) -> bool:
