@@ -510,7 +510,11 @@ def _task_with_attempts(s: Tx, task_id: str) -> tuple[Task, list[Attempt]]:
     return _task_from_row(rows[0]), [Attempt.model_validate_json(a.doc) for a in attempts]
 
 
-_BATCH_LOCKED = "batch_locked"  # Tx.info: task id -> its row as the batch's lock read it
+# Tx.info: task id -> its row as the batch's lock read it (PostgreSQL, ``_lock_batch``). Every
+# statement that writes a task's row or its attempts inside a group unit must call ``_changed``
+# first (today: ``_write_task``, ``_write_with_event``, ``_write_attempt`` and the claim's
+# ``_PG_CLAIM_OWNER``), or a later unit of the batch reads the row as it was before that write.
+_BATCH_LOCKED = "batch_locked"
 
 
 def _take_batch_locked(s: Tx, task_id: str) -> Any:
