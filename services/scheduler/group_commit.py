@@ -197,11 +197,16 @@ class GroupCommit:
         except BaseException as exc:
             self._fail_queued(exc)
             raise
+        if not self._drain_ends_if_nothing_queued():
+            asyncio.get_running_loop().call_soon(self._drain_here)
+
+    def _drain_ends_if_nothing_queued(self) -> bool:
+        """True, and the drain over (the next unit queued starts one), when nothing is queued."""
         with self._lock:
-            if not self._queue:
-                self._draining = False
-                return
-        asyncio.get_running_loop().call_soon(self._drain_here)
+            if self._queue:
+                return False
+            self._draining = False
+            return True
 
     def _take_batch(self) -> list[tuple[Unit, asyncio.Future[Any]]]:
         """The next batch off the queue; none left (empty) ends the drain."""
@@ -232,11 +237,7 @@ class GroupCommit:
             while batch := self._take_batch():
                 self._commit(batch)
                 if self.on_loop and self._loop is not None:
-                    with self._lock:
-                        if not self._queue:
-                            self._draining = False
-                            return None
-                    return self._back_to_loop
+                    return None if self._drain_ends_if_nothing_queued() else self._back_to_loop
                 if self.db.threads.others_waiting():
                     self.db.threads.submit(self._drain)  # its turn again after theirs (it stops if none is left)
                     return None
