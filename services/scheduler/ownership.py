@@ -220,9 +220,9 @@ class Ownership:
         unknown = children - self._leader_pids()
         if not unknown:
             return False
-        others = self._not_held(unknown)
-        if len(others) > processes.KERNEL_PROOF_MAX_READS:
+        if len(unknown) > processes.KERNEL_PROOF_MAX_READS:
             return True  # called on the event loop: that many are not read one by one (``look`` will)
+        others = self._not_held(unknown, processes.KERNEL_PROOF_MAX_READS)
         for pid in others:
             stat = proctree.read_stat(pid)
             if stat is not None and not stat.alive:
@@ -235,7 +235,7 @@ class Ownership:
         while a launch's worker is not recorded yet (it would count as a stray)."""
         return self.cgroups is not None or not (self._forking or self._spawned)
 
-    def _not_held(self, pids: set[int]) -> set[int]:
+    def _not_held(self, pids: set[int], max_reads: int) -> set[int]:
         """``pids`` less the held workers among them: a process found alone in the cgroup of an
         attempt whose launch has forked and not said the pid yet is that launch's worker. One
         read of such a cgroup's own ``cgroup.procs`` (10 µs; ``cgroups.members`` with its events
@@ -244,13 +244,15 @@ class Ownership:
 
         The launches are asked oldest first and no further once every pid is found: spawns are
         served in order, so the unknown child is nearly always the oldest launch's, and the
-        others (under load ten or so, their cgroups mostly not made yet) are not read at all."""
+        others (under load ten or so, their cgroups mostly not made yet) are not read at all.
+        At most ``max_reads`` cgroups are read (``max_running`` may allow hundreds of launches):
+        a pid not found by then is left in, as a child that may be an orphan is."""
         if self.cgroups is None:
             return pids
         with self._lock:
             forking = list(self._forking)  # insertion order: the oldest launch first
         left = set(pids)
-        for attempt_id in forking:
+        for attempt_id in forking[:max_reads]:
             if not left:
                 break
             members = cgroups.own_members(self.cgroups.dir_for(attempt_id))  # None: not created yet

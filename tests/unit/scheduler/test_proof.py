@@ -668,6 +668,12 @@ def test_held_workers_are_looked_for_oldest_launch_first_and_no_further(monkeypa
         own._forking = {a: t for a, t in own._forking.items() if a != launching} | {launching: 0}
         assert not own.strays()
         assert len(read) == 10 and read[-1] == str(cgroup)
+        # Behind more launches than the proof reads on the loop, it is not looked for: the
+        # child may be an orphan, and the table look decides.
+        read.clear()
+        own._forking = {f"{n:032x}": 0 for n in range(processes.KERNEL_PROOF_MAX_READS)} | {launching: 0}
+        assert own.strays(), "not found within the bound: counted"
+        assert len(read) == processes.KERNEL_PROOF_MAX_READS
 
 
 def test_in_subreaper_mode_the_kernel_is_not_asked_while_a_launch_is_unrecorded() -> None:
