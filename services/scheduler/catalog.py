@@ -12,6 +12,7 @@ from libs.settings import WorkerProfile
 from services.scheduler import admission, domain, skills
 from services.scheduler.domain import Attempt, NewTask, State, Task
 from services.scheduler.runtime import Runtime
+from services.scheduler.store import StoredEvent
 from services.scheduler.worker_log import LogTail, log_expired, read_tail, validate_tail_request
 
 
@@ -36,7 +37,8 @@ class TaskCatalog:
         rt = self.rt
         settings = rt.settings
         if request.target is not None and parent is None:
-            return await self._create_gateway_managed(request)
+            gateway_managed = self._gateway_managed_task(request)
+            return self._created(*await rt.store.create_task(gateway_managed))
         skill_ref = None
         skill_cfg = None
         if request.skill_name is not None:
@@ -95,14 +97,10 @@ class TaskCatalog:
         finally:
             if plan.worktree_from is not None and not created:
                 await admission.remove_worktree(plan.worktree_from, workspace)  # refused, or a repeat won
-        if stored is not None:
-            rt.never_asked.add(task.task_id)
-        rt.published(stored, task)
-        rt.wake.set()
-        return task
+        return self._created(task, stored)
 
-    async def _create_gateway_managed(self, request: NewTask) -> Task:
-        """A task for an operator-configured target: no profile, workspace or worker."""
+    def _gateway_managed_task(self, request: NewTask) -> Task:
+        """The queued task for an operator-configured target: no profile, workspace or worker."""
         rt = self.rt
         target = domain.validate_target_request(request)
         config = rt.settings.targets.get(target.name)
@@ -118,7 +116,7 @@ class TaskCatalog:
         )
         now = rt.clock.now_ms()
         task_id = time_ordered_id(now)
-        task = Task(
+        return Task(
             task_id=task_id,
             agent_id=request.agent_id,
             session_id=request.session_id,
@@ -143,31 +141,58 @@ class TaskCatalog:
             # The request id is the task id: the outcome callback finds its task by primary key.
             gateway_dispatch=domain.GatewayDispatch(request_id=task_id),
         )
-        task, stored = await rt.store.create_task(task)
+
+    def _created(self, task: Task, stored: StoredEvent | None) -> Task:
+        """A create committed (``stored`` None: an earlier task with its request id came back)."""
+        rt = self.rt
         if stored is not None:
             rt.never_asked.add(task.task_id)
         rt.published(stored, task)
         rt.wake.set()
         return task
 
-    def new_task(self, request: NewTask) -> Task:
-        """The queued task a cron tick makes (validated), not stored yet: a plain worker task of
-        a shared-workspace profile (no skill, continuation, target or Git worktree)."""
+    def admit_at_once(self, request: NewTask) -> Task | None:
+        """The queued task ``create_task`` would store for ``request``, when admitting it needs
+        no read, file or Git: no continuation, skill or worktree (those: None, for ``create_task``).
+        Refuses what ``create_task`` would refuse, the same way."""
+        if request.target is not None:
+            return self._gateway_managed_task(request)
+        if request.skill_name is not None or request.continue_task_id is not None:
+            return None
+        return self._shared_workspace_task(request)
+
+    def _shared_workspace_task(self, request: NewTask) -> Task | None:
+        """The validated queued task of a plain request, when its profile works in a shared
+        workspace; None when the profile needs a Git worktree per task."""
         rt = self.rt
         request = domain.validate_new_task(request, rt.settings.workers)
         profile = rt.settings.workers[request.profile]
         if profile.workspace_policy != "shared":
-            raise domain.InvalidArgument(
-                "CRON_WORKSPACE_UNSUPPORTED",
-                f"profile {request.profile!r} needs a Git worktree per task",
-                field="profile",
-            )
+            return None
         domain.check_harness(
             request.profile, profile.harness, profile.harness_model, request.harness, request.harness_model
         )
         now = rt.clock.now_ms()
         plan = admission.shared_workspace(rt.settings, profile, request.agent_id)
         return _queued_worker_task(request, profile, time_ordered_id(now), now, plan.mode, plan.path)
+
+    async def create_admitted(self, tasks: list[Task]) -> list[Task | Exception]:
+        """Store tasks ``admit_at_once`` made, in one group commit; each created task (or the
+        earlier one with its request id), or its error, in order."""
+        answers = await self.rt.store.create_tasks(tasks)
+        return [answer if isinstance(answer, Exception) else self._created(*answer) for answer in answers]
+
+    def new_task(self, request: NewTask) -> Task:
+        """The queued task a cron tick makes (validated), not stored yet: a plain worker task of
+        a shared-workspace profile (no skill, continuation, target or Git worktree)."""
+        task = self._shared_workspace_task(request)
+        if task is None:
+            raise domain.InvalidArgument(
+                "CRON_WORKSPACE_UNSUPPORTED",
+                f"profile {request.profile!r} needs a Git worktree per task",
+                field="profile",
+            )
+        return task
 
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         domain.validate_task_id(task_id)

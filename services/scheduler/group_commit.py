@@ -50,7 +50,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
@@ -129,6 +129,58 @@ def _run_unit(unit: Unit, tx: Tx) -> Any:
         _unit_cpu(name).inc(time.thread_time() - began)
 
 
+# A unit's outcome as ``run_all`` returns it: (True, its result) or (False, its error).
+Outcome = tuple[bool, Any]
+
+
+class _Answer(Protocol):
+    """Where a unit's outcome goes: its caller's future (``run``), or its slot (``run_all``)."""
+
+    def done(self) -> bool: ...
+    def get_loop(self) -> asyncio.AbstractEventLoop: ...
+    def set_result(self, value: Any) -> None: ...
+    def set_exception(self, error: BaseException) -> None: ...
+
+
+class _Outcomes:
+    """The outcomes of one ``run_all``: its future is resolved when the last one is in."""
+
+    __slots__ = ("future", "values", "missing")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self.future: asyncio.Future[list[Outcome]] = loop.create_future()
+        self.values: list[Outcome] = [(False, None)] * count
+        self.missing = count
+
+    def put(self, index: int, outcome: Outcome) -> None:
+        self.values[index] = outcome
+        self.missing -= 1
+        if self.missing == 0 and not self.future.done():
+            self.future.set_result(self.values)
+
+
+class _Slot:
+    """One unit's place in a ``run_all``'s outcomes (answered on the callers' loop, as a future)."""
+
+    __slots__ = ("outcomes", "index")
+
+    def __init__(self, outcomes: _Outcomes, index: int) -> None:
+        self.outcomes = outcomes
+        self.index = index
+
+    def done(self) -> bool:
+        return self.outcomes.future.done()  # its caller stopped waiting
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self.outcomes.future.get_loop()
+
+    def set_result(self, value: Any) -> None:
+        self.outcomes.put(self.index, (True, value))
+
+    def set_exception(self, error: BaseException) -> None:
+        self.outcomes.put(self.index, (False, error))
+
+
 MAX_UNITS = 128  # one transaction stays short even under a burst
 _SECONDS_ON_LOOP = BATCH_SECONDS.labels(on="loop")
 _SECONDS_ON_THREAD = BATCH_SECONDS.labels(on="thread")
@@ -157,7 +209,7 @@ class GroupCommit:
         self.before_units = before_units
         self.max_units = max_units
         # Units waiting for a transaction, shared with the database thread that drains them.
-        self._queue: list[tuple[Unit, asyncio.Future[Any]]] = []
+        self._queue: list[tuple[Unit, _Answer]] = []
         self._lock = threading.Lock()
         self._draining = False  # a drain is queued or running on a database thread
         self.transactions = 0  # committed batches (for tests and benchmarks)
@@ -167,16 +219,34 @@ class GroupCommit:
         """Run ``unit`` in the next group transaction; its result once that committed."""
         loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._enqueue(loop, [(unit, future)])
+        # A caller that stops waiting cancels only its future: the unit is queued and runs
+        # all the same (its outcome is not handed to a cancelled future), as with a shield.
+        return await future
+
+    async def run_all(self, units: list[Callable[[Tx], Any]]) -> list[Outcome]:
+        """Run ``units`` as ``run`` would, each on its own (one failing fails only itself), and
+        return every outcome — (True, result) or (False, error) — in order once all committed.
+
+        The caller wakes once, when the last outcome is in: awaiting each unit's ``run`` in a
+        task of its own costs a turn of the loop to start the tasks and two more to gather them,
+        and under load each turn waits behind everything else the loop has due.
+        """
+        if not units:
+            return []
+        loop = self._loop = asyncio.get_running_loop()
+        outcomes = _Outcomes(loop, len(units))
+        self._enqueue(loop, [(unit, _Slot(outcomes, i)) for i, unit in enumerate(units)])
+        return await outcomes.future
+
+    def _enqueue(self, loop: asyncio.AbstractEventLoop, entries: list[tuple[Unit, _Answer]]) -> None:
         with self._lock:
-            self._queue.append((unit, future))
+            self._queue.extend(entries)
             start, self._draining = not self._draining, True
         if start:
             # After the callbacks already due: the units a burst queues in this turn of the
             # loop go in the first transaction together.
             loop.call_soon(self._drain_here if self.on_loop else self._start_drain)
-        # A caller that stops waiting cancels only its future: the unit is queued and runs
-        # all the same (its outcome is not handed to a cancelled future), as with a shield.
-        return await future
 
     async def alone(self, unit: Callable[[Tx], T]) -> T:
         """Run ``unit`` in a transaction of its own (it must see only what has committed)."""
@@ -208,7 +278,7 @@ class GroupCommit:
             self._draining = False
             return True
 
-    def _take_batch(self) -> list[tuple[Unit, asyncio.Future[Any]]]:
+    def _take_batch(self) -> list[tuple[Unit, _Answer]]:
         """The next batch off the queue; none left (empty) ends the drain."""
         with self._lock:
             batch, self._queue = self._queue[: self.max_units], self._queue[self.max_units :]
@@ -254,7 +324,7 @@ class GroupCommit:
         except RuntimeError:  # the loop closed: nobody waits there, but what is queued still commits
             self._start_drain()
 
-    def _commit(self, batch: list[tuple[Unit, asyncio.Future[Any]]], here: bool = False) -> None:
+    def _commit(self, batch: list[tuple[Unit, _Answer]], here: bool = False) -> None:
         """(On a database thread, or ``here`` on the callers' loop.) One batch in one transaction;
         each outcome handed to its caller."""
         hand_over = _settle if here else _hand_over
@@ -276,7 +346,7 @@ class GroupCommit:
         BATCHES.inc()
         hand_over([(future, ok, value) for (_, future), (ok, value) in zip(batch, outcomes, strict=True)])
 
-    def _transact(self, batch: list[tuple[Unit, asyncio.Future[Any]]]) -> list[tuple[bool, Any]]:
+    def _transact(self, batch: list[tuple[Unit, _Answer]]) -> list[tuple[bool, Any]]:
         """The batch's transaction: optimistic first, then (a unit failed) each unit isolated."""
         units = [unit for unit, _ in batch]
         run = functools.partial(
@@ -299,9 +369,9 @@ class GroupCommit:
         _hand_over([(future, False, error) for _, future in queued])
 
 
-def _hand_over(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+def _hand_over(outcomes: list[tuple[_Answer, bool, Any]]) -> None:
     """Settle callers' futures from a database thread: one wake-up of each loop per batch."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Answer, bool, Any]]] = {}
     for outcome in outcomes:
         by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
     for loop, theirs in by_loop.items():
@@ -311,7 +381,7 @@ def _hand_over(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
             pass
 
 
-def _settle(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+def _settle(outcomes: list[tuple[_Answer, bool, Any]]) -> None:
     for future, ok, value in outcomes:
         if future.done():  # its caller stopped waiting
             continue

@@ -14,7 +14,7 @@ from libs.errors import DomainError, InvalidArgument
 from libs.grpc_server import REQUEST_ID_PATTERN, status_proto, unexpected_status_proto
 from libs.worker_sdk import TOKEN_METADATA_KEY
 from services.scheduler import convert, domain
-from services.scheduler.domain import USER_CANCELED, NewTask
+from services.scheduler.domain import USER_CANCELED, NewTask, Task
 from services.scheduler.engine import Engine
 from services.scheduler.events import TaskEvent
 from services.scheduler.questions import max_wait_s
@@ -71,27 +71,59 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         for item in items:
             if item.call_id and not REQUEST_ID_PATTERN.fullmatch(item.call_id):
                 raise InvalidArgument("INVALID_CALL_ID", "a call_id is 1 to 64 of A-Z a-z 0-9 . _ : -", field="call_id")
-        # Concurrently: the creates share the store's next group commit.
-        outcomes = await asyncio.gather(*(self._create_one(item) for item in items))
+        # Plain creates (most) are admitted here and stored together, the handler waking once
+        # when they have committed; the others (a continuation, a skill, a Git worktree: reads,
+        # files, processes) are created one by one, concurrently with them.
+        outcomes: list[pb.CreateTaskOutcome | None] = [None] * len(items)
+        admitted: list[tuple[int, Task]] = []
+        others: list[int] = []
+        for i, item in enumerate(items):
+            try:
+                task = self.engine.admit_at_once(new_task(item.request))
+            except Exception as exc:  # noqa: BLE001 - this create's refusal, as CreateTask's
+                outcomes[i] = self._failed(item, exc)
+                continue
+            if task is None:
+                others.append(i)
+            else:
+                admitted.append((i, task))
+        one_by_one = asyncio.gather(*(self._create_one(items[i]) for i in others)) if others else None
+        if admitted:
+            created = await self.engine.create_admitted([task for _, task in admitted])
+            for (i, _), answer in zip(admitted, created, strict=True):
+                outcomes[i] = self._failed(items[i], answer) if isinstance(answer, Exception) else self._done(answer)
+        if one_by_one is not None:
+            for i, outcome in zip(others, await one_by_one, strict=True):
+                outcomes[i] = outcome
         return pb.CreateTasksResponse(outcomes=outcomes)
 
     async def _create_one(self, item: pb.CreateTasksItem) -> pb.CreateTaskOutcome:
-        """One create of a batch: its task, or the status CreateTask would have failed with."""
+        """One create of a batch through ``create_task``: its task, or the status CreateTask
+        would have failed with."""
         if item.call_id:  # this create's own log lines carry its caller's request id
             structlog.contextvars.bind_contextvars(request_id=item.call_id)
         try:
             task = await self.engine.create_task(new_task(item.request))
-        except DomainError as exc:
-            status = status_proto(exc)
-            log.warning("create_failed", code=code_pb2.Code.Name(status.code), reason=exc.reason)
         except Exception as exc:  # noqa: BLE001 - as the interceptor maps it for a unary call
-            code, status = unexpected_status_proto(exc)
-            if code == "INTERNAL":
-                log.error("create_failed", code=code, exc_info=exc)
-            else:
-                log.warning("create_failed", code=code, error=type(exc).__name__)
-        else:
-            return pb.CreateTaskOutcome(task=convert.task_to_pb(task, self._now()))
+            return self._failed(item, exc)
+        return self._done(task)
+
+    def _done(self, task: Task) -> pb.CreateTaskOutcome:
+        return pb.CreateTaskOutcome(task=convert.task_to_pb(task, self._now()))
+
+    def _failed(self, item: pb.CreateTasksItem, exc: Exception) -> pb.CreateTaskOutcome:
+        """A create's error as the status CreateTask would have failed with (logged with the
+        create's own request id)."""
+        with structlog.contextvars.bound_contextvars(**({"request_id": item.call_id} if item.call_id else {})):
+            if isinstance(exc, DomainError):
+                status = status_proto(exc)
+                log.warning("create_failed", code=code_pb2.Code.Name(status.code), reason=exc.reason)
+            else:  # as the interceptor maps it for a unary call
+                code, status = unexpected_status_proto(exc)
+                if code == "INTERNAL":
+                    log.error("create_failed", code=code, exc_info=exc)
+                else:
+                    log.warning("create_failed", code=code, error=type(exc).__name__)
         return pb.CreateTaskOutcome(error_status=status.SerializeToString())
 
     async def GetTask(self, request: pb.GetTaskRequest, context: grpc.aio.ServicerContext) -> pb.GetTaskResponse:

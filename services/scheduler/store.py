@@ -599,7 +599,31 @@ class SchedulerStore:
         same transaction (refused when another task continued it first).
         """
 
-        def work(s: Tx) -> tuple[Task, StoredEvent | None]:
+        work = self._create_unit(task, continues)
+        try:
+            return await self._run(work)
+        except IntegrityError:
+            # A concurrent create with the same request id won the unique index: return its task.
+            return await self._run(work)
+
+    async def create_tasks(self, tasks: list[Task]) -> list[tuple[Task, StoredEvent | None] | Exception]:
+        """``create_task`` for each of ``tasks`` (none continues another), in the next group
+        commit together; each answer in order — what ``create_task`` returns, or its error."""
+        outcomes = await self.group.run_all([self._create_unit(task, None) for task in tasks])
+        answers: list[tuple[Task, StoredEvent | None] | Exception] = []
+        for task, (ok, value) in zip(tasks, outcomes, strict=True):
+            if not ok and isinstance(value, IntegrityError):
+                try:  # as create_task: a concurrent create with the same request id won
+                    value = await self._run(self._create_unit(task, None))
+                except Exception as exc:  # noqa: BLE001 - this create's own error, for its caller
+                    value = exc
+            answers.append(value)
+        return answers
+
+    def _create_unit(self, task: Task, continues: str | None) -> Callable[[Tx], tuple[Task, StoredEvent | None]]:
+        """The unit that inserts a new queued task (counted as ``create_task``'s)."""
+
+        def create_task(s: Tx) -> tuple[Task, StoredEvent | None]:
             if task.request_id:
                 existing = _rows(
                     s,
@@ -614,11 +638,7 @@ class SchedulerStore:
             _link_continuation(s, continues, task)
             return task, _append_event(s, task, "task.state_changed", task.created_at, self.host_id)
 
-        try:
-            return await self._run(work)
-        except IntegrityError:
-            # A concurrent create with the same request id won the unique index: return its task.
-            return await self._run(work)
+        return create_task
 
     async def get_task(self, task_id: str) -> Task:
         def work(s: Tx) -> Task:

@@ -92,3 +92,30 @@ async def test_a_malformed_call_id_refuses_the_batch_before_any_create(scheduler
     info = error_info(refused.value)
     assert info is not None and info.reason == "INVALID_CALL_ID"
     assert sum((await engine.store.count_by_state()).values()) == 0
+
+
+async def test_a_batch_mixing_plain_creates_with_others_answers_each_as_create_task_would(scheduler: Stack) -> None:
+    """Plain creates are admitted at once and stored together; a continuation (it reads the
+    task it continues) goes through CreateTask's own path. Each answer keeps its place, and each
+    refusal is the one CreateTask gives, whichever path it took."""
+    _, stub = scheduler
+    unknown = create("c", continue_task_id="0" * 32)
+    bad_profile = create("x", profile="nope")
+    reply = await stub.CreateTasks(items(create("first"), unknown, bad_profile, create("fourth")))
+    kinds = [o.WhichOneof("outcome") for o in reply.outcomes]
+    assert kinds == ["task", "error_status", "error_status", "task"]
+    assert [reply.outcomes[0].task.title, reply.outcomes[3].task.title] == ["first", "fourth"]
+    for outcome, request in ((reply.outcomes[1], unknown), (reply.outcomes[2], bad_profile)):
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await stub.CreateTask(request)
+        status = status_pb2.Status.FromString(outcome.error_status)
+        assert (status.code, status.message) == (unary.value.code().value[0], unary.value.details())
+
+
+async def test_a_batch_of_plain_creates_is_stored_in_one_transaction(scheduler: Stack) -> None:
+    engine, stub = scheduler
+    before = engine.store.group.transactions
+    reply = await stub.CreateTasks(items(*(create(f"t{i}") for i in range(8))))
+    assert all(o.WhichOneof("outcome") == "task" for o in reply.outcomes)
+    assert len({o.task.task_id for o in reply.outcomes}) == 8
+    assert engine.store.group.transactions == before + 1

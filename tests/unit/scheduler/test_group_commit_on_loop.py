@@ -126,3 +126,51 @@ async def test_a_closed_database_fails_the_units_instead_of_running_them_on_the_
     with pytest.raises(RuntimeError, match="closed"):
         await asyncio.wait_for(group.run(_insert("after")), 10)
     assert _names(db) == {"before"}
+
+
+@pytest.mark.parametrize("on_loop", [True, False], ids=["on_loop", "on_thread"])
+async def test_run_all_answers_each_unit_in_order_once_all_committed(db: Database, on_loop: bool) -> None:
+    """Each unit succeeds or fails alone, as with ``run``; the caller gets every outcome in order,
+    after the last batch committed (here three batches of at most two units)."""
+    group = GroupCommit(db, on_loop=on_loop, max_units=2)
+    outcomes = await group.run_all([_insert("a"), _insert("a"), _insert("b"), _insert("c"), _insert("d")])
+    assert [ok for ok, _ in outcomes] == [True, False, True, True, True]
+    assert [value for ok, value in outcomes if ok] == ["a", "b", "c", "d"]
+    assert "UNIQUE" in str(outcomes[1][1])
+    assert _names(db) == {"a", "b", "c", "d"}
+    assert group.transactions == 3 and group.reruns == 1
+    assert await group.run_all([]) == []
+
+
+async def test_run_all_wakes_its_caller_in_the_turn_after_the_commit(db: Database) -> None:
+    """What ``run_all`` is for: its caller resumes in the loop's next turn after the commit,
+    where a gather of ``run`` calls takes two more (each unit's future, then the gather's)."""
+    group = GroupCommit(db)
+    loop = asyncio.get_running_loop()
+    turns = [0]
+
+    def tick() -> None:
+        turns[0] += 1
+        loop.call_soon(tick)
+
+    committed_at: list[int] = []
+
+    def unit(tx: Tx) -> None:
+        committed_at[:] = [turns[0]]
+
+    tick()
+    await group.run_all([unit, unit, unit])
+    after_run_all = turns[0] - committed_at[0]
+    await asyncio.gather(*(group.run(unit) for _ in range(3)))
+    after_gather = turns[0] - committed_at[0]
+    assert after_run_all <= 1, (after_run_all, after_gather)
+    assert after_gather > after_run_all, (after_run_all, after_gather)
+
+
+async def test_a_run_all_whose_caller_stopped_waiting_still_commits(db: Database) -> None:
+    group = GroupCommit(db)
+    waiting = asyncio.ensure_future(group.run_all([_insert("a"), _insert("b")]))
+    await asyncio.sleep(0)  # queued
+    waiting.cancel()
+    assert await group.run(_insert("c")) == "c"
+    assert _names(db) == {"a", "b", "c"}
