@@ -1,5 +1,6 @@
-"""The scheduler's CPU per create (one CreateTask call each, and the gateway's CreateTasks
-batches) and per cheap unary RPC, apart from launching.
+"""The scheduler's CPU per create (one CreateTask call each, the gateway's batches as
+CreateTasks calls, and the same batches on its StreamCreateTasks stream) and per cheap unary
+RPC, apart from launching.
 
 A real five-process stack; this client calls the scheduler's gRPC API directly as the gateway
 (16 in flight on one channel; the batched creates go through the gateway's own
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import cpu_seconds  # noqa: E402
 from gateway_http.create_batches import CreateBatches  # noqa: E402
+from gateway_http.create_stream import CreateStream  # noqa: E402
 from libs.grpc_client import aio_channel  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2 as pb  # noqa: E402
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
@@ -58,7 +60,8 @@ async def run(n: int, rounds: int) -> None:
         stack = make_stack(Path(tmp), max_running=1).start()
         try:
             pid = stack.procs["scheduler"].proc.pid  # type: ignore[union-attr]
-            async with aio_channel(stack.addr("scheduler"), client_security(stack.env, "gateway")) as channel:
+            security = client_security(stack.env, "gateway")
+            async with aio_channel(stack.addr("scheduler"), security) as channel:
                 stub = pb_grpc.SchedulerServiceStub(channel)
                 base = {"agent_id": AGENT, "session_id": SESSION, "title": "b"}
                 await stub.CreateTask(pb.CreateTaskRequest(**base, profile="sleeper"), timeout=10)
@@ -69,23 +72,34 @@ async def run(n: int, rounds: int) -> None:
                     await stub.CreateTask(pb.CreateTaskRequest(**base, profile="true"), timeout=30)
 
                 batches = CreateBatches(stub)
+                stream = CreateStream(stub, security.metadata)
+                streamed = CreateBatches(stub, send=stream)
 
                 async def create_batched() -> None:
                     await batches.create(pb.CreateTaskRequest(**base, profile="true"), "bench", 30)
 
+                async def create_streamed() -> None:
+                    await streamed.create(pb.CreateTaskRequest(**base, profile="true"), "bench", 30)
+
                 async def get() -> None:
                     await stub.GetTask(pb.GetTaskRequest(task_id=one.task.task_id), timeout=30)
 
-                for name, call in (("CreateTask", create), ("CreateTasks batches", create_batched), ("GetTask", get)):
+                for name, call, batching in (
+                    ("CreateTask", create, None),
+                    ("CreateTasks batches", create_batched, batches),
+                    ("StreamCreateTasks batches", create_streamed, streamed),
+                    ("GetTask", get, None),
+                ):
                     per_call, own, rates, calls = [], [], [], []
                     for _ in range(rounds):
-                        cpu0, own0, calls0 = cpu_seconds(pid), time.process_time(), batches.calls
+                        cpu0, own0 = cpu_seconds(pid), time.process_time()
+                        calls0 = batching.calls if batching else 0
                         took = await _calls(n, call)
                         per_call.append((cpu_seconds(pid) - cpu0) * 1000 / n)
                         own.append((time.process_time() - own0) * 1000 / n)
                         rates.append(n / took)
-                        calls.append(batches.calls - calls0)
-                    batch = f", {n * rounds / sum(calls):.1f} creates per call" if sum(calls) else ""
+                        calls.append(batching.calls - calls0 if batching else 0)
+                    batch = f", {n * rounds / sum(calls):.1f} creates per batch" if sum(calls) else ""
                     print(
                         f"{name}: scheduler CPU {statistics.median(per_call):.3f} ms/create or call "
                         f"(rounds {', '.join(f'{x:.3f}' for x in per_call)}), caller CPU "
@@ -93,6 +107,7 @@ async def run(n: int, rounds: int) -> None:
                         f"load average {os.getloadavg()[0]:.1f}",
                         flush=True,
                     )
+                await stream.close()
         finally:
             stack.stop()
 

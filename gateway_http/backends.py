@@ -10,6 +10,7 @@ from fastapi import Request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway_http.create_batches import CreateBatches
+from gateway_http.create_stream import CreateStream
 from gateway_http.task_reads import SharedTaskReads
 from libs.grpc_client import REQUEST_ID_KEY, ClientSecurity, aio_channel
 from libs.settings import Settings
@@ -48,7 +49,7 @@ class Backends:
             notifier=notifier_pb2_grpc.NotifierServiceStub(channels["notifier"]),
             timeout_s=settings.rpc_timeout_ms / 1000,
             crons=crons_pb2_grpc.CronServiceStub(channels["scheduler"]),
-            creates=CreateBatches(scheduler),
+            creates=CreateBatches(scheduler, send=CreateStream(scheduler, security.metadata)),
             reads=SharedTaskReads(scheduler),
         )
 
@@ -76,4 +77,6 @@ class Backends:
         return dict(results)
 
     async def close(self) -> None:
+        if isinstance(self.creates.send, CreateStream):
+            await self.creates.send.close()
         await asyncio.gather(*(c.close() for c in self.channels.values()))

@@ -1,5 +1,7 @@
-"""REST creates sent to the scheduler in batches: one CreateTasks call for the creates that
-arrived while earlier calls were in flight (at most two calls at once).
+"""REST creates sent to the scheduler in batches: one batch for the creates that arrived while
+earlier batches were in flight (at most two at once). A batch goes as a CreateTasks call, or —
+the gateway's own way — as one message on its StreamCreateTasks stream
+(``gateway_http.create_stream``, the same answers and errors).
 
 A gRPC call cost both ends far more than the create inside it: on a real stack one CreateTask
 per create costs the scheduler ≈ 1.3 ms and the gateway ≈ 0.4 ms of CPU, against ≈ 0.5 and
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -69,6 +72,10 @@ def _fail(batch: list[_Create], error: Exception) -> None:
             c.answer.set_exception(copy_rpc_error(error) if isinstance(error, grpc.aio.AioRpcError) else error)
 
 
+# How a batch goes: ``stub.CreateTasks`` itself, or what stands in for it (``CreateStream``).
+SendBatch = Callable[..., Awaitable[pb.CreateTasksResponse]]
+
+
 class CreateBatches:
     def __init__(
         self,
@@ -76,8 +83,10 @@ class CreateBatches:
         max_batch: int = MAX_BATCH,
         max_bytes: int = MAX_BATCH_BYTES,
         max_in_flight: int = MAX_IN_FLIGHT,
+        send: SendBatch | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.send: SendBatch = send if send is not None else scheduler.CreateTasks
         self.max_batch = max_batch
         self.max_bytes = max_bytes
         self.max_in_flight = max_in_flight
@@ -132,7 +141,7 @@ class CreateBatches:
             self.calls += 1
             CREATE_BATCH.observe(len(batch))
             try:
-                reply = await self.scheduler.CreateTasks(
+                reply = await self.send(
                     request, timeout=max(remaining, 0.001), metadata=((REQUEST_ID_KEY, batch[0].request_id),)
                 )
             except Exception as exc:  # noqa: BLE001 - each waiting create fails with it, none hangs

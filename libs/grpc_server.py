@@ -97,6 +97,16 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(code, message)
 
+    if handler.stream_stream:
+
+        async def refuse_both_ways(requests: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(code, message)
+
+        return grpc.stream_stream_rpc_method_handler(
+            refuse_both_ways,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
     if handler.unary_stream:
 
         async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -236,6 +246,33 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream:
+            # Bidirectional handlers here read and write through the context (a coroutine, not a
+            # generator): one log line and one duration for the whole stream.
+            both_ways_behavior = handler.stream_stream
+
+            async def both_ways(requests: Any, context: grpc.aio.ServicerContext) -> None:
+                start = bind()
+                try:
+                    await both_ways_behavior(requests, context)
+                except DomainError as exc:
+                    done(start, _KIND_TO_CODE.get(exc.kind, grpc.StatusCode.INTERNAL).name)
+                    await context.abort_with_status(status_for(exc))
+                except (grpc.aio.AbortError, asyncio.CancelledError):
+                    done(start, _ended_code(context))
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    code, status = _unexpected_status(exc)
+                    done(start, code, exc)
+                    await context.abort_with_status(status)
+                else:
+                    done(start, "OK")
+
+            return grpc.stream_stream_rpc_method_handler(
+                both_ways,
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )

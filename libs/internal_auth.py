@@ -48,6 +48,7 @@ POLICY: dict[str, frozenset[str]] = {
             _SCHEDULER,
             "CreateTask",
             "CreateTasks",
+            "StreamCreateTasks",
             "GetTask",
             "ListTasks",
             "CancelTask",

@@ -87,6 +87,14 @@ LAUNCH_STEP = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 LAUNCH_STEPS = ("claim_commit", "spawn", "running_commit", "release")
+STREAM_BATCH_SECONDS = Histogram(
+    "taskgate_create_stream_batch_seconds",
+    "Batches of creates on StreamCreateTasks streams (the gateway's), from reading one to "
+    "writing its answer, by outcome: ok (its creates answered, each made or refused alone) or "
+    "refused (the batch whole: empty, too large, a malformed call_id)",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS[:10],
+)
 QUEUE_WAIT = Histogram(
     "taskgate_task_queue_wait_seconds",
     "From a task becoming queued to the dispatcher starting its launch (waiting for a slot)",

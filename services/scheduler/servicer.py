@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -17,6 +18,7 @@ from services.scheduler import convert, domain
 from services.scheduler.domain import USER_CANCELED, NewTask, Task
 from services.scheduler.engine import Engine
 from services.scheduler.events import TaskEvent
+from services.scheduler.metrics import STREAM_BATCH_SECONDS
 from services.scheduler.questions import max_wait_s
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -28,6 +30,18 @@ WATCH_LIVE_KEY = "x-taskgate-watch-live"
 EVENT_TYPE_FROM_PB = {v: k for k, v in convert.EVENT_TYPE_TO_PB.items()}
 # The most creates one CreateTasks call carries.
 MAX_BATCH_CREATES = 256
+# Batches of one StreamCreateTasks stream answered at once (the gateway keeps two in flight).
+MAX_STREAM_BATCHES = 8
+
+
+def _check_batch(items: Sequence[pb.CreateTasksItem]) -> None:
+    """A batch of creates is refused whole when empty, too large, or a call_id is malformed."""
+    if not 1 <= len(items) <= MAX_BATCH_CREATES:
+        raise InvalidArgument("BATCH_SIZE", f"send 1 to {MAX_BATCH_CREATES} creates in one call", field="items")
+    for item in items:
+        if item.call_id and not REQUEST_ID_PATTERN.fullmatch(item.call_id):
+            raise InvalidArgument("INVALID_CALL_ID", "a call_id is 1 to 64 of A-Z a-z 0-9 . _ : -", field="call_id")
+
 
 log = structlog.get_logger("scheduler")
 
@@ -65,15 +79,60 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     async def CreateTasks(
         self, request: pb.CreateTasksRequest, context: grpc.aio.ServicerContext
     ) -> pb.CreateTasksResponse:
-        items = request.items
-        if not 1 <= len(items) <= MAX_BATCH_CREATES:
-            raise InvalidArgument("BATCH_SIZE", f"send 1 to {MAX_BATCH_CREATES} creates in one call", field="items")
-        for item in items:
-            if item.call_id and not REQUEST_ID_PATTERN.fullmatch(item.call_id):
-                raise InvalidArgument("INVALID_CALL_ID", "a call_id is 1 to 64 of A-Z a-z 0-9 . _ : -", field="call_id")
-        # Plain creates (most) are admitted here and stored together, the handler waking once
-        # when they have committed; the others (a continuation, a skill, a Git worktree: reads,
-        # files, processes) are created one by one, concurrently with them.
+        _check_batch(request.items)
+        return pb.CreateTasksResponse(outcomes=await self._create_batch(request.items))
+
+    async def StreamCreateTasks(
+        self, requests: AsyncIterator[pb.StreamCreateTasksRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        """Each batch read is answered once its creates committed, while the next ones are read
+        (at most ``MAX_STREAM_BATCHES`` at once: beyond, flow control holds the sender back)."""
+        answering: set[asyncio.Task[None]] = set()
+        room = asyncio.Semaphore(MAX_STREAM_BATCHES)
+        writing = asyncio.Lock()
+
+        async def answer(batch: pb.StreamCreateTasksRequest) -> None:
+            began = time.perf_counter()
+            try:
+                if batch.items and batch.items[0].call_id:  # the batch's log lines: its first create's id
+                    structlog.contextvars.bind_contextvars(request_id=batch.items[0].call_id)
+                response = pb.StreamCreateTasksResponse(batch_id=batch.batch_id)
+                try:
+                    _check_batch(batch.items)
+                except DomainError as exc:
+                    response.error_status = status_proto(exc).SerializeToString()
+                    log.warning("create_batch_refused", reason=exc.reason, creates=len(batch.items))
+                else:
+                    response.outcomes.extend(await self._create_batch(batch.items))
+                async with writing:
+                    await context.write(response)
+                # What a CreateTasks call's own log line and duration would say, per batch.
+                outcome = "refused" if response.error_status else "ok"
+                elapsed = time.perf_counter() - began
+                STREAM_BATCH_SECONDS.labels(outcome=outcome).observe(elapsed)
+                log.info(
+                    "create_batch", outcome=outcome, creates=len(batch.items), duration_ms=round(elapsed * 1000, 2)
+                )
+            finally:
+                room.release()
+
+        try:
+            async for batch in requests:
+                await room.acquire()
+                task = asyncio.create_task(answer(batch), name="stream-create-batch")
+                answering.add(task)
+                task.add_done_callback(answering.discard)
+            await asyncio.gather(*answering)  # the caller is done sending: answer what it sent
+        finally:
+            for task in answering:
+                task.cancel()
+
+    async def _create_batch(self, items: Sequence[pb.CreateTasksItem]) -> list[pb.CreateTaskOutcome]:
+        """Each create of a checked batch: its task, or the status CreateTask would have failed with.
+
+        Plain creates (most) are admitted here and stored together, this call waking once when
+        they have committed; the others (a continuation, a skill, a Git worktree: reads, files,
+        processes) are created one by one, concurrently with them."""
         outcomes: list[pb.CreateTaskOutcome | None] = [None] * len(items)
         admitted: list[tuple[int, Task]] = []
         others: list[int] = []
@@ -95,7 +154,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         if one_by_one is not None:
             for i, outcome in zip(others, await one_by_one, strict=True):
                 outcomes[i] = outcome
-        return pb.CreateTasksResponse(outcomes=outcomes)
+        return [outcome for outcome in outcomes if outcome is not None]
 
     async def _create_one(self, item: pb.CreateTasksItem) -> pb.CreateTaskOutcome:
         """One create of a batch through ``create_task``: its task, or the status CreateTask

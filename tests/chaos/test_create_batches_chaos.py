@@ -1,10 +1,11 @@
 """Chaos: the scheduler SIGKILLed while the gateway's create batches are in flight.
 
 Sixteen clients create tasks as fast as the stack answers, each create with its own
-``requestId``; the gateway sends them to the scheduler in ``CreateTasks`` batches. The
-scheduler is SIGKILLed mid-stream and started again. A create that got no 201 (the batch
-it rode in failed, or the gateway answered 503 while the scheduler was down) is sent again
-with the same ``requestId`` until it gets one, as a client is told to.
+``requestId``; the gateway sends them to the scheduler in batches on its ``StreamCreateTasks``
+stream. The scheduler is SIGKILLed mid-stream and started again (the gateway opens a new
+stream). A create that got no 201 (the batch it rode in failed, or the gateway answered 503
+while the scheduler was down) is sent again with the same ``requestId`` until it gets one, as
+a client is told to.
 
 What must hold: every create acknowledged with a 201 before the kill is still there after
 it (a 201 is only sent once the task is committed); a create whose answer was lost and was

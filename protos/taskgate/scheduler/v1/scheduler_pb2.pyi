@@ -493,6 +493,24 @@ class CreateTasksResponse(_message.Message):
     outcomes: _containers.RepeatedCompositeFieldContainer[CreateTaskOutcome]
     def __init__(self, outcomes: _Optional[_Iterable[_Union[CreateTaskOutcome, _Mapping]]] = ...) -> None: ...
 
+class StreamCreateTasksRequest(_message.Message):
+    __slots__ = ("batch_id", "items")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    items: _containers.RepeatedCompositeFieldContainer[CreateTasksItem]
+    def __init__(self, batch_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[CreateTasksItem, _Mapping]]] = ...) -> None: ...
+
+class StreamCreateTasksResponse(_message.Message):
+    __slots__ = ("batch_id", "outcomes", "error_status")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_STATUS_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    outcomes: _containers.RepeatedCompositeFieldContainer[CreateTaskOutcome]
+    error_status: bytes
+    def __init__(self, batch_id: _Optional[int] = ..., outcomes: _Optional[_Iterable[_Union[CreateTaskOutcome, _Mapping]]] = ..., error_status: _Optional[bytes] = ...) -> None: ...
+
 class CreateTaskOutcome(_message.Message):
     __slots__ = ("task", "error_status")
     TASK_FIELD_NUMBER: _ClassVar[int]

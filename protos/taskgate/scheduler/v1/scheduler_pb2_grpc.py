@@ -46,6 +46,11 @@ class SchedulerServiceStub:
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateTasksRequest.SerializeToString,
                 response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateTasksResponse.FromString,
                 _registered_method=True)
+        self.StreamCreateTasks = channel.stream_stream(
+                '/taskgate.scheduler.v1.SchedulerService/StreamCreateTasks',
+                request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.StreamCreateTasksRequest.SerializeToString,
+                response_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.StreamCreateTasksResponse.FromString,
+                _registered_method=True)
         self.GetTask = channel.unary_unary(
                 '/taskgate.scheduler.v1.SchedulerService/GetTask',
                 request_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.GetTaskRequest.SerializeToString,
@@ -119,6 +124,17 @@ class SchedulerServiceServicer:
         the batch itself is empty or too large). The gateway sends the creates that arrived
         while its previous call was in flight: a gRPC call costs both sides several times the
         CPU of one more message in it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamCreateTasks(self, request_iterator, context):
+        """CreateTasks over one long-lived stream: each request is a batch, answered by one response
+        with its batch_id once its creates committed (batches in flight may be answered out of
+        order). On a busy scheduler a new call waits several turns of its event loop before its
+        handler runs; a message on an open stream, one. A bad batch (empty, too large, a
+        malformed call_id) is refused in its response; the stream goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -220,6 +236,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.CreateTasks,
                     request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateTasksRequest.FromString,
                     response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateTasksResponse.SerializeToString,
+            ),
+            'StreamCreateTasks': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamCreateTasks,
+                    request_deserializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.StreamCreateTasksRequest.FromString,
+                    response_serializer=taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.StreamCreateTasksResponse.SerializeToString,
             ),
             'GetTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTask,
@@ -333,6 +354,33 @@ class SchedulerService:
             '/taskgate.scheduler.v1.SchedulerService/CreateTasks',
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateTasksRequest.SerializeToString,
             taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamCreateTasks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/taskgate.scheduler.v1.SchedulerService/StreamCreateTasks',
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.StreamCreateTasksRequest.SerializeToString,
+            taskgate_dot_scheduler_dot_v1_dot_scheduler__pb2.StreamCreateTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

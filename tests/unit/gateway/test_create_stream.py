@@ -1,0 +1,230 @@
+"""The gateway's create batches over one StreamCreateTasks stream (``gateway_http.create_stream``):
+each batch answered, refused and failed as its CreateTasks call would have been, on one stream
+that outlives a batch's refusal or deadline and is opened anew after it broke."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from gateway_http.create_stream import CreateStream
+from gateway_http.errors import from_rpc_error
+from libs.db import Database
+from libs.grpc_client import ClientSecurity, aio_channel
+from libs.grpc_server import ServerSecurity, start_server
+from libs.internal_auth import CallerAuth
+from libs.settings import Settings, WorkerProfile
+from services.scheduler.engine import Engine
+from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.store import MIGRATIONS, SchedulerStore
+from taskgate.scheduler.v1 import scheduler_pb2 as pb
+from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.support.scheduler_rpc import served_scheduler
+from tests.support.waiting import until
+
+SERVICE = "taskgate.scheduler.v1.SchedulerService"
+
+
+def _streams_ended(code: str) -> float:
+    labels = {"method": f"/{SERVICE}/StreamCreateTasks", "code": code}
+    return REGISTRY.get_sample_value("taskgate_rpc_duration_seconds_count", labels) or 0.0
+
+
+def create(title: str, profile: str = "w") -> pb.CreateTaskRequest:
+    return pb.CreateTaskRequest(agent_id="a", session_id="s", title=title, profile=profile)
+
+
+def batch(*requests: pb.CreateTaskRequest) -> pb.CreateTasksRequest:
+    return pb.CreateTasksRequest(items=[pb.CreateTasksItem(request=r, call_id=f"call-{r.title}") for r in requests])
+
+
+def titles(reply: pb.CreateTasksResponse) -> list[str]:
+    return [o.task.title if o.WhichOneof("outcome") == "task" else "!" for o in reply.outcomes]
+
+
+async def test_each_batch_is_answered_as_its_create_tasks_call_would_be(tmp_path: Path) -> None:
+    async with served_scheduler(tmp_path) as (_, stub):
+        stream = CreateStream(stub, ())
+        try:
+            request = batch(create("fine"), create("bad", profile="nope"))
+            streamed = await stream(request, timeout=10)
+            called = await stub.CreateTasks(batch(create("fine"), create("bad", profile="nope")))
+            assert titles(streamed) == titles(called) == ["fine", "!"]
+            assert streamed.outcomes[1].error_status == called.outcomes[1].error_status
+            # Batches in flight together: each gets its own answer, on the one stream.
+            replies = await asyncio.gather(*(stream(batch(create(f"{i}a"), create(f"{i}b")), 10) for i in range(6)))
+            assert [titles(r) for r in replies] == [[f"{i}a", f"{i}b"] for i in range(6)]
+            assert stream.opened == 1 and not stream.unary
+        finally:
+            await stream.close()
+
+
+async def test_a_batch_refused_whole_fails_as_the_call_would_and_the_stream_goes_on(tmp_path: Path) -> None:
+    async with served_scheduler(tmp_path) as (_, stub):
+        stream = CreateStream(stub, ())
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as streamed:
+                await stream(pb.CreateTasksRequest(), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as called:
+                await stub.CreateTasks(pb.CreateTasksRequest())
+            assert streamed.value.code() == called.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert vars(from_rpc_error(streamed.value)) == vars(from_rpc_error(called.value))
+            assert titles(await stream(batch(create("after")), timeout=10)) == ["after"]
+            assert stream.opened == 1
+        finally:
+            await stream.close()
+
+
+class FakeScheduler:
+    """A server with only what a test gives it: StreamCreateTasks and/or CreateTasks handlers."""
+
+    def __init__(self, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.server = grpc.aio.server()
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
+        self.stub = pb_grpc.SchedulerServiceStub(self.channel)
+
+    async def __aenter__(self) -> FakeScheduler:
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.channel.close()
+        await self.server.stop(0)
+
+
+def stream_handler(behavior: Callable[[Any, Any], Any]) -> grpc.RpcMethodHandler:
+    return grpc.stream_stream_rpc_method_handler(
+        behavior,
+        request_deserializer=pb.StreamCreateTasksRequest.FromString,
+        response_serializer=pb.StreamCreateTasksResponse.SerializeToString,
+    )
+
+
+def answer(request: pb.StreamCreateTasksRequest) -> pb.StreamCreateTasksResponse:
+    return pb.StreamCreateTasksResponse(
+        batch_id=request.batch_id,
+        outcomes=[pb.CreateTaskOutcome(task=pb.Task(title=i.request.title)) for i in request.items],
+    )
+
+
+async def test_a_broken_stream_fails_its_waiting_batches_and_the_next_batch_opens_another() -> None:
+    streams = 0
+    first_read = asyncio.Event()
+
+    async def serve(requests: AsyncIterator[pb.StreamCreateTasksRequest], context: Any) -> None:
+        nonlocal streams
+        streams += 1
+        async for request in requests:
+            if streams == 1:  # the first stream takes a batch and breaks without answering
+                first_read.set()
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "going away")
+            await context.write(answer(request))
+
+    async with FakeScheduler({"StreamCreateTasks": stream_handler(serve)}) as fake:
+        stream = CreateStream(fake.stub, ())
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as broken:
+                await stream(batch(create("lost")), timeout=10)
+            assert first_read.is_set()
+            assert broken.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert from_rpc_error(broken.value).status == 503
+            assert titles(await stream(batch(create("next")), timeout=10)) == ["next"]
+            assert stream.opened == 2
+        finally:
+            await stream.close()
+
+
+async def test_a_batch_past_its_deadline_is_deadline_exceeded_and_the_stream_lives_on() -> None:
+    """The late batch's wait ends, not the stream: cancelling a write would cancel the whole
+    call, so the deadline covers only the wait for the answer."""
+    held = asyncio.Event()
+
+    async def serve(requests: AsyncIterator[pb.StreamCreateTasksRequest], context: Any) -> None:
+        async for request in requests:
+            if request.items[0].request.title == "slow":
+                continue  # never answered
+            await context.write(answer(request))
+        held.set()
+
+    async with FakeScheduler({"StreamCreateTasks": stream_handler(serve)}) as fake:
+        stream = CreateStream(fake.stub, ())
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await stream(batch(create("slow")), timeout=0.2)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert titles(await stream(batch(create("quick")), timeout=10)) == ["quick"]
+            assert stream.opened == 1
+        finally:
+            await stream.close()
+
+
+async def test_a_scheduler_without_the_stream_gets_create_tasks_calls() -> None:
+    calls = 0
+
+    async def create_tasks(request: pb.CreateTasksRequest, context: Any) -> pb.CreateTasksResponse:
+        nonlocal calls
+        calls += 1
+        return pb.CreateTasksResponse(outcomes=[pb.CreateTaskOutcome(task=pb.Task(title="old"))])
+
+    unary = grpc.unary_unary_rpc_method_handler(
+        create_tasks,
+        request_deserializer=pb.CreateTasksRequest.FromString,
+        response_serializer=pb.CreateTasksResponse.SerializeToString,
+    )
+    async with FakeScheduler({"CreateTasks": unary}) as fake:
+        stream = CreateStream(fake.stub, ())
+        try:
+            assert titles(await stream(batch(create("x")), timeout=10)) == ["old"]
+            assert stream.unary and calls == 1
+            assert titles(await stream(batch(create("y")), timeout=10)) == ["old"]
+            assert calls == 2 and stream.opened == 1, "not tried again"
+        finally:
+            await stream.close()
+
+
+async def test_only_the_gateway_with_its_credential_may_open_the_stream(tmp_path: Path) -> None:
+    """The stream is authenticated like any call: without a credential, or as a caller outside
+    the method's list, it is refused; the gateway's credential opens it."""
+    db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
+    db.migrate()
+    engine = Engine(Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])}), SchedulerStore(db))
+    servicer = SchedulerServicer(engine)
+    secrets = {"gateway": "gateway-secret", "notifier": "notifier-secret"}
+    host = await start_server(
+        "127.0.0.1:0",
+        [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
+        [],
+        security=ServerSecurity(auth=CallerAuth.from_secrets(secrets)),
+    )
+    try:
+        for identity, secret, code in (
+            ("gateway", "wrong", grpc.StatusCode.UNAUTHENTICATED),
+            ("notifier", "notifier-secret", grpc.StatusCode.PERMISSION_DENIED),
+        ):
+            security = ClientSecurity(identity, secret)
+            async with aio_channel(f"127.0.0.1:{host.port}", security) as channel:
+                stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), security.metadata)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stream(batch(create("no")), timeout=10)
+                assert refused.value.code() == code
+                await stream.close()
+        security = ClientSecurity("gateway", "gateway-secret")
+        ended_before = _streams_ended("OK")
+        async with aio_channel(f"127.0.0.1:{host.port}", security) as channel:
+            stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), security.metadata)
+            assert titles(await stream(batch(create("yes")), timeout=10)) == ["yes"]
+            await stream.close()
+        assert sum((await engine.store.count_by_state()).values()) == 1
+        # The interceptor saw the stream through: one duration (and log line) when it ended.
+        await until(lambda: _streams_ended("OK") == ended_before + 1)
+    finally:
+        await host.stop(0)
+        db.close()
