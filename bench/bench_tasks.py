@@ -220,8 +220,9 @@ CPU_PROCESSES = ("scheduler", "gateway", "notifier", "telemetry", "pending")
 SPAWN_HELPER = "spawner"
 
 
-def spawn_helper_pid(scheduler_pid: int) -> int | None:
-    """The scheduler's spawn helper (its child named taskgate-spawn), if it runs one."""
+def spawn_helper_pids(scheduler_pid: int) -> list[int]:
+    """The scheduler's spawn helpers (its children named taskgate-spawn), if it runs any."""
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -229,10 +230,10 @@ def spawn_helper_pid(scheduler_pid: int) -> int | None:
             if (entry / "comm").read_text().strip() != "taskgate-spawn":
                 continue
             if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == scheduler_pid:
-                return int(entry.name)
+                pids.append(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue
-    return None
+    return pids
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -259,8 +260,9 @@ class CpuMeter:
     workers and of this client between ``start`` and ``stop``; ``per_task_ms`` divides by the
     task count."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(self, pids: dict[str, int], helpers: list[int]) -> None:
         self.pids = pids
+        self.helpers = helpers  # the spawn helpers': counted together as SPAWN_HELPER
         self.began: dict[str, float] = {}
         self.used: dict[str, float] = {}
 
@@ -268,7 +270,7 @@ class CpuMeter:
         out = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         if PG_URL is not None:  # the cluster's own processes (its backends serve the services)
             out["postgres"] = postgres_cpu_seconds(int(PG_URL.rsplit(":", 1)[1].split("/")[0]))
-        out.setdefault(SPAWN_HELPER, 0.0)
+        out[SPAWN_HELPER] = sum(cpu_seconds(pid) for pid in self.helpers)
         out["workers"] = children_cpu_seconds(self.pids["scheduler"])
         out["client"] = own_cpu_seconds()
         out.update({f"thread:{kind}": s for kind, s in thread_cpu_seconds(self.pids["scheduler"]).items()})
@@ -473,16 +475,14 @@ async def throughput_round(
             proc = stack.procs[name].proc
             assert proc is not None
             pids[name] = proc.pid
-        helper = spawn_helper_pid(pids["scheduler"])
-        if helper is not None:
-            pids[SPAWN_HELPER] = helper
+        helpers = spawn_helper_pids(pids["scheduler"])
         profile = await Profile.start(pids["scheduler"], profile_to)
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         # One keep-alive connection per create in flight, one request on each.
         async with LeanClient(stack.http_url, CREATES_IN_FLIGHT) as lean:
             create = lean.request("POST", path, headers, json.dumps({"title": "b", "profile": "true"}).encode())
             poll = lean.request("GET", f"{path}?page_size=1", headers)
-            meter = CpuMeter(pids)
+            meter = CpuMeter(pids, helpers)
             store_before, steps_before = await scheduler_counters_of(stack.metrics_url("scheduler"))
             # What a worker's log file costs to create right now, on the disk its logs go to.
             create_us = create_cost_us(Path(tmp) / "create-probe")

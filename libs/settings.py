@@ -63,6 +63,9 @@ class TaskSettings(_Frozen):
     # refuses to start without it), "scheduler" (the scheduler itself, on a thread) or
     # "auto" (the helper where it is built, safe and starts, else the scheduler).
     worker_spawn: Literal["auto", "helper", "scheduler"] = "auto"
+    # How many spawn helpers: each serves one spawn at a time (it waits for the worker's exec),
+    # and under load launches queue for it; a launch goes to the one with the fewest waiting.
+    spawn_helpers: int = Field(2, ge=1, le=8)
     # The Git project an "isolated-worktree" profile makes each task's worktree from
     # (a profile's own project_root wins). Empty: no project.
     project_root: str = ""

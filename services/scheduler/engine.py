@@ -175,7 +175,7 @@ class Engine:
             requested=rt.tasks_cfg.worker_hold,
             fallback_reason=rt.hold.fallback_reason or None,
         )
-        rt.spawner = await self._start_spawner()
+        rt.spawners = await self._start_spawners()
         await self.recover()
         await rt.ownership.sweep()  # what recovery did not need is an empty leftover
         if run_loops:
@@ -199,27 +199,34 @@ class Engine:
                 self._loops.append(asyncio.create_task(self.crons.loop(), name="crons"))
         rt.wake.set()
 
-    async def _start_spawner(self) -> SpawnHelper | None:
-        """The spawn helper as ``[tasks] worker_spawn`` asks (None: the scheduler spawns)."""
-        mode = self.runtime.tasks_cfg.worker_spawn
-        helper, why = None, ""
+    async def _start_spawners(self) -> list[SpawnHelper]:
+        """The spawn helpers as ``[tasks] worker_spawn`` and ``spawn_helpers`` ask (none: the
+        scheduler spawns)."""
+        tasks_cfg = self.runtime.tasks_cfg
+        mode = tasks_cfg.worker_spawn
+        helpers: list[SpawnHelper] = []
+        why = ""
         if mode != "scheduler":
             why = await asyncio.to_thread(processes.unsafe_program, spawner.SPAWN_PROGRAM, False)
             if not why:
                 try:
-                    helper = spawner.SpawnHelper.start()
+                    for _ in range(tasks_cfg.spawn_helpers):
+                        helpers.append(spawner.SpawnHelper.start())
                 except OSError as exc:
                     why = f"{spawner.SPAWN_PROGRAM}: {exc}"
-            if helper is None and mode == "helper":
+                    for started in helpers:
+                        await started.close()
+                    helpers = []
+            if not helpers and mode == "helper":
                 raise RuntimeError(f"worker_spawn = helper, but {why} (run `make hold`)")
         log.info(
             "worker_spawn",
-            by="helper" if helper is not None else "scheduler",
-            pid=helper.pid if helper is not None else None,
+            by="helper" if helpers else "scheduler",
+            pids=[helper.pid for helper in helpers] or None,
             requested=mode,
             fallback_reason=why or None,
         )
-        return helper
+        return helpers
 
     async def shutdown(self) -> None:
         """Stop every running worker and re-queue its task for resumption."""
@@ -235,8 +242,8 @@ class Engine:
             return_exceptions=True,
         )
         await rt.drain_background()
-        if rt.spawner is not None:
-            await rt.spawner.close()
+        for helper in rt.spawners:
+            await helper.close()
         await rt.ownership.close()
         try:
             # Every worker was stopped and its task re-queued (released); claims not yet

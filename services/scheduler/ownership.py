@@ -242,9 +242,10 @@ class Ownership:
         read and walk below, 37): the worker is born there, and a process in a cgroup below it is
         no held worker — not excluded, it counts as a stray if it is a child of this process.
 
-        The launches are asked oldest first and no further once every pid is found: spawns are
-        served in order, so the unknown child is nearly always the oldest launch's, and the
-        others (under load ten or so, their cgroups mostly not made yet) are not read at all.
+        The launches are asked oldest first and no further once every pid is found: each spawn
+        helper serves its spawns in order, so an unknown child is nearly always one of the oldest
+        launches' (one per helper), and the others (under load ten or so, their cgroups mostly
+        not made yet) are not read at all.
         At most ``max_reads`` cgroups are read (``max_running`` may allow hundreds of launches):
         a pid not found by then is left in, as a child that may be an orphan is."""
         if self.cgroups is None:

@@ -153,9 +153,10 @@ class Runtime:
         self.run_as, self.cannot_run = processes.resolve_profiles(settings.workers)
         # What holds a worker until its release (chosen at start: ``processes.choose_hold``).
         self.hold = processes.Hold(processes.SH_HOLD, "sh")
-        # What spawns workers when not the scheduler itself (started at start: ``spawner``).
-        self.spawner: SpawnHelper | None = None
-        # A helper that died is started anew at most this often (``live_spawner``).
+        # What spawns workers when not the scheduler itself (started at start, ``[tasks]
+        # spawn_helpers`` of them; none: the scheduler spawns).
+        self.spawners: list[SpawnHelper] = []
+        # A helper that died is started anew at most this often, whichever it was (``live_spawner``).
         self.spawner_restart_s = 10.0
         self._spawner_restart_at = 0.0
 
@@ -169,12 +170,24 @@ class Runtime:
         return not self.multi_host or task.owner_host in (None, self.host_id)
 
     def live_spawner(self) -> SpawnHelper | None:
-        """The spawn helper for a launch (None: the scheduler spawns it itself). One that died is
-        started anew once it has been reaped — never two helpers to tell from orphans at once —
-        and at most every ``spawner_restart_s``; until then launches do without."""
-        helper = self.spawner
-        if helper is None or helper.alive:
-            return helper
+        """The spawn helper for a launch: of the live ones, the one with the fewest requests
+        waiting (None: the scheduler spawns it itself). One that died is started anew once it
+        has been reaped — never a helper to tell from orphans at once — and at most every
+        ``spawner_restart_s`` (whichever died); until then launches go to the others, or do
+        without."""
+        chosen: SpawnHelper | None = None
+        for slot, helper in enumerate(self.spawners):
+            if not helper.alive:
+                restarted = self._restart(slot)
+                if restarted is None:
+                    continue
+                helper = restarted
+            if chosen is None or helper.unanswered < chosen.unanswered:
+                chosen = helper
+        return chosen
+
+    def _restart(self, slot: int) -> SpawnHelper | None:
+        helper = self.spawners[slot]
         if not helper.reaped or self.closing or time.monotonic() < self._spawner_restart_at:
             return None
         self._spawner_restart_at = time.monotonic() + self.spawner_restart_s
@@ -184,14 +197,13 @@ class Runtime:
             log.error("spawn_helper_restart_failed", previous=helper.pid, error=str(exc))
             return None
         log.warning("spawn_helper_restarted", pid=fresh.pid, previous=helper.pid)
-        self.spawner = fresh
+        self.spawners[slot] = fresh
         return fresh
 
     def leader_pids(self) -> set[int]:
         """Worker leaders, with the spawn helper: children of this process that are never orphans."""
         leaders = {la.attempt.pid for la in self.live.values() if la.attempt.pid is not None}
-        if self.spawner is not None and not self.spawner.reaped:
-            leaders.add(self.spawner.pid)
+        leaders.update(helper.pid for helper in self.spawners if not helper.reaped)
         return leaders
 
     def forget(self, live: LiveAttempt) -> None:

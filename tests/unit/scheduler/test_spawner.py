@@ -15,7 +15,9 @@ import os
 import platform
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -300,9 +302,9 @@ async def test_the_engine_spawns_as_worker_spawn_says(tmp_path: Path, mode: str)
 
     h = await start_harness(tmp_path, workers={"w": WorkerProfile(command=["sh", "-c", "exit 0"])}, worker_spawn=mode)
     try:
-        helper = h.engine.runtime.spawner
-        assert (helper is None) == (mode == "scheduler")
-        if helper is not None:
+        helpers = list(h.engine.runtime.spawners)
+        assert len(helpers) == (0 if mode == "scheduler" else 2), "[tasks] spawn_helpers = 2 by default"
+        for helper in helpers:
             assert helper.alive and proctree.read_stat(helper.pid).ppid == os.getpid()  # type: ignore[union-attr]
             assert helper.pid in h.engine.runtime.leader_pids(), "never taken for a worker's orphan"
         task = await h.create("w")
@@ -310,8 +312,7 @@ async def test_the_engine_spawns_as_worker_spawn_says(tmp_path: Path, mode: str)
         assert (await h.wait(task.task_id, [State.COMPLETED])).state == State.COMPLETED
     finally:
         await h.close()
-    if helper is not None:
-        assert helper.reaped, "the engine's shutdown ends its helper"
+    assert all(helper.reaped for helper in helpers), "the engine's shutdown ends its helpers"
 
 
 async def test_worker_spawn_helper_refuses_to_start_without_the_program(
@@ -325,7 +326,7 @@ async def test_worker_spawn_helper_refuses_to_start_without_the_program(
     (tmp_path / "auto").mkdir()
     h = await start_harness(tmp_path / "auto", worker_spawn="auto")  # auto: the scheduler spawns
     try:
-        assert h.engine.runtime.spawner is None
+        assert h.engine.runtime.spawners == []
     finally:
         await h.close()
 
@@ -446,11 +447,10 @@ async def test_a_helper_that_died_is_started_anew_once_reaped(tmp_path: Path) ->
     from services.scheduler.domain import State
     from tests.unit.scheduler.test_engine import start_harness
 
-    h = await start_harness(tmp_path, workers={"w": WorkerProfile(command=["sh", "-c", "exit 0"])})
+    h = await start_harness(tmp_path, workers={"w": WorkerProfile(command=["sh", "-c", "exit 0"])}, spawn_helpers=1)
     rt = h.engine.runtime
     try:
-        first = rt.spawner
-        assert first is not None
+        (first,) = rt.spawners
         by_helper, by_scheduler = spawns_by("helper"), spawns_by("scheduler")
         task = await h.create("w")
         assert await h.engine.dispatch_once() == 1
@@ -464,8 +464,8 @@ async def test_a_helper_that_died_is_started_anew_once_reaped(tmp_path: Path) ->
         assert not first.alive and first.reaped
         # Within the restart interval the scheduler spawns itself; after it, a new helper does.
         assert rt.live_spawner() is not None, "the first restart is not delayed"
-        second = rt.spawner
-        assert second is not None and second is not first and second.alive
+        (second,) = rt.spawners
+        assert second is not first and second.alive
         # The dead helper is no leader any more — unless the new one was given its pid again
         # (pids wrap at 32,768 here, and a busy suite goes round in minutes: seen once).
         assert second.pid in rt.leader_pids()
@@ -513,3 +513,45 @@ async def test_a_launch_cancelled_before_its_request_could_be_sent_leaves_nothin
         theirs.close()
         os.close(r)
         os.close(w)
+
+
+@dataclass
+class _FakeHelper:
+    pid: int
+    unanswered: int = 0
+    alive: bool = True
+    reaped: bool = False
+    program: Path = spawner.SPAWN_PROGRAM
+
+
+async def test_a_launch_goes_to_the_live_helper_with_the_fewest_waiting(tmp_path: Path) -> None:
+    """Each helper serves one spawn at a time: a launch goes where the fewest wait. A dead one is
+    passed over until it can be started anew (reaped, and not within the restart interval)."""
+    from tests.unit.scheduler.test_engine import start_harness
+
+    h = await start_harness(tmp_path, worker_spawn="scheduler")
+    rt = h.engine.runtime
+    try:
+        first, second = _FakeHelper(101, unanswered=3), _FakeHelper(102, unanswered=1)
+        rt.spawners = [first, second]  # type: ignore[list-item]
+        assert rt.live_spawner() is second
+        second.unanswered = 5
+        assert rt.live_spawner() is first
+        assert rt.leader_pids() >= {101, 102}, "neither is ever taken for an orphan"
+        first.alive = False  # dead, not reaped yet: never restarted while it may still be around
+        assert rt.live_spawner() is second
+        assert 101 in rt.leader_pids()
+        first.reaped = True
+        rt._spawner_restart_at = time.monotonic() + 60  # another restarted a moment ago
+        assert rt.live_spawner() is second and rt.spawners[0] is first
+        assert 101 not in rt.leader_pids()
+        second.alive, second.reaped = False, True
+        assert rt.live_spawner() is None, "none live, none to restart: the scheduler spawns"
+        rt._spawner_restart_at = 0.0
+        fresh = rt.live_spawner()  # the first dead slot is started anew; the other waits its turn
+        assert fresh is not None and fresh.alive and rt.spawners[0] is fresh and rt.spawners[1] is second
+        assert fresh.pid in rt.leader_pids()
+        await fresh.close()  # type: ignore[union-attr]
+    finally:
+        rt.spawners = []
+        await h.close()
