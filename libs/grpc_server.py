@@ -190,6 +190,20 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 log.info("rpc", code=code, duration_ms=elapsed_ms)
             structlog.contextvars.unbind_contextvars("request_id", "rpc", "caller")
 
+        async def fail(start: float, context: grpc.aio.ServicerContext, exc: Exception) -> None:
+            """A handler's error, counted and logged, as the call's status (always raises)."""
+            if isinstance(exc, DomainError):
+                done(start, _KIND_TO_CODE.get(exc.kind, grpc.StatusCode.INTERNAL).name)
+                await context.abort_with_status(status_for(exc))
+            elif isinstance(exc, NotImplementedError):
+                # The generated base servicer's answer for an RPC a later issue fills in.
+                done(start, "UNIMPLEMENTED")
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
+            else:  # mapped to INTERNAL (or STORAGE_FULL), logged
+                code, status = _unexpected_status(exc)
+                done(start, code, exc)
+                await context.abort_with_status(status)
+
         if handler.unary_unary:
             behavior = handler.unary_unary
 
@@ -197,20 +211,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 start = bind()
                 try:
                     response = await behavior(request, context)
-                except DomainError as exc:
-                    done(start, _KIND_TO_CODE.get(exc.kind, grpc.StatusCode.INTERNAL).name)
-                    await context.abort_with_status(status_for(exc))
                 except (grpc.aio.AbortError, asyncio.CancelledError):
                     done(start, _ended_code(context))
                     raise
-                except NotImplementedError:
-                    # The generated base servicer's answer for an RPC a later issue fills in.
-                    done(start, "UNIMPLEMENTED")
-                    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
-                except Exception as exc:  # noqa: BLE001 - mapped to INTERNAL (or STORAGE_FULL), logged
-                    code, status = _unexpected_status(exc)
-                    done(start, code, exc)
-                    await context.abort_with_status(status)
+                except Exception as exc:  # noqa: BLE001 - its status, below
+                    await fail(start, context, exc)
                 else:
                     done(start, "OK")
                     return response
@@ -228,19 +233,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 try:
                     async for item in stream_behavior(request, context):
                         yield item
-                except DomainError as exc:
-                    done(start, _KIND_TO_CODE.get(exc.kind, grpc.StatusCode.INTERNAL).name)
-                    await context.abort_with_status(status_for(exc))
                 except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
                     done(start, _ended_code(context))
                     raise
-                except NotImplementedError:
-                    done(start, "UNIMPLEMENTED")
-                    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not implemented yet")
-                except Exception as exc:  # noqa: BLE001
-                    code, status = _unexpected_status(exc)
-                    done(start, code, exc)
-                    await context.abort_with_status(status)
+                except Exception as exc:  # noqa: BLE001 - its status, below
+                    await fail(start, context, exc)
                 else:
                     done(start, "OK")
 
@@ -258,16 +255,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 start = bind()
                 try:
                     await both_ways_behavior(requests, context)
-                except DomainError as exc:
-                    done(start, _KIND_TO_CODE.get(exc.kind, grpc.StatusCode.INTERNAL).name)
-                    await context.abort_with_status(status_for(exc))
                 except (grpc.aio.AbortError, asyncio.CancelledError):
                     done(start, _ended_code(context))
                     raise
-                except Exception as exc:  # noqa: BLE001
-                    code, status = _unexpected_status(exc)
-                    done(start, code, exc)
-                    await context.abort_with_status(status)
+                except Exception as exc:  # noqa: BLE001 - its status, below
+                    await fail(start, context, exc)
                 else:
                     done(start, "OK")
 
