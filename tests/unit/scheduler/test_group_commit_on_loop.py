@@ -142,9 +142,11 @@ async def test_run_all_answers_each_unit_in_order_once_all_committed(db: Databas
     assert await group.run_all([]) == []
 
 
-async def test_run_all_wakes_its_caller_in_the_turn_after_the_commit(db: Database) -> None:
-    """What ``run_all`` is for: its caller resumes in the loop's next turn after the commit,
-    where a gather of ``run`` calls takes two more (each unit's future, then the gather's)."""
+async def test_run_all_commits_at_once_or_wakes_its_caller_in_the_turn_after_the_commit(db: Database) -> None:
+    """What ``run_all`` is for. With nothing queued and the database's thread idle its units
+    commit before it returns, without a turn of the loop; behind a batch already due they join
+    it, and the caller resumes in the turn after that commit — where a gather of ``run`` calls
+    takes two more turns (each unit's future, then the gather's)."""
     group = GroupCommit(db)
     loop = asyncio.get_running_loop()
     turns = [0]
@@ -159,8 +161,18 @@ async def test_run_all_wakes_its_caller_in_the_turn_after_the_commit(db: Databas
         committed_at[:] = [turns[0]]
 
     tick()
+    await asyncio.sleep(0)
+    before = group.transactions
     await group.run_all([unit, unit, unit])
+    assert turns[0] == committed_at[0], "committed here, no turn taken"
+    assert group.transactions == before + 1
+
+    # A unit queued first: the drain is due, and run_all's units go in its batch.
+    first = asyncio.ensure_future(group.run(_insert("first")))
+    await asyncio.sleep(0)  # first's unit is queued, its drain due
+    await group.run_all([_insert("second"), unit])
     after_run_all = turns[0] - committed_at[0]
+    assert await first == "first" and group.transactions == before + 2, "one batch for both"
     await asyncio.gather(*(group.run(unit) for _ in range(3)))
     after_gather = turns[0] - committed_at[0]
     assert after_run_all <= 1, (after_run_all, after_gather)
