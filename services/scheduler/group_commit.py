@@ -255,13 +255,7 @@ class GroupCommit:
             if self._draining or not self.db.threads.idle():
                 return False
             self._draining = True
-        try:
-            self._commit(entries, here=True)
-        except BaseException as exc:
-            self._fail_queued(exc)
-            raise
-        if not self._drain_ends_if_nothing_queued():
-            asyncio.get_running_loop().call_soon(self._drain_here)
+        self._commit_here(entries)
         return True
 
     def _enqueue(self, loop: asyncio.AbstractEventLoop, entries: list[tuple[Unit, _Answer]]) -> None:
@@ -287,6 +281,11 @@ class GroupCommit:
         batch = self._take_batch()
         if not batch:  # nothing queued after all: no empty transaction
             return
+        self._commit_here(batch)
+
+    def _commit_here(self, batch: list[tuple[Unit, _Answer]]) -> None:
+        """(On the loop, this drain's.) Commit ``batch`` here; units queued meanwhile come back
+        to the loop after the callbacks due (a burst does not hold the loop batch after batch)."""
         try:
             self._commit(batch, here=True)
         except BaseException as exc:
