@@ -90,8 +90,8 @@ LAUNCH_STEPS = ("claim_commit", "spawn", "running_commit", "release")
 STREAM_BATCH_SECONDS = Histogram(
     "taskgate_create_stream_batch_seconds",
     "Batches of creates on StreamCreateTasks streams (the gateway's), from reading one to "
-    "writing its answer, by outcome: ok (its creates answered, each made or refused alone) or "
-    "refused (the batch whole: empty, too large, a malformed call_id)",
+    "writing its answer, by outcome: ok (its creates answered, each made or refused alone), "
+    "refused (the batch whole: empty, too large, a malformed call_id) or failed (a fault: INTERNAL)",
     ["outcome"],
     buckets=LATENCY_BUCKETS[:10],
 )

@@ -102,12 +102,19 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                 except DomainError as exc:
                     response.error_status = status_proto(exc).SerializeToString()
                     log.warning("create_batch_refused", reason=exc.reason, creates=len(batch.items))
+                    outcome = "refused"
                 else:
-                    response.outcomes.extend(await self._create_batch(batch.items))
+                    try:
+                        response.outcomes.extend(await self._create_batch(batch.items))
+                        outcome = "ok"
+                    except Exception as exc:  # noqa: BLE001 - a fault, not a refusal: still answered
+                        code, status = unexpected_status_proto(exc)
+                        log.error("create_batch_failed", code=code, creates=len(batch.items), exc_info=exc)
+                        response.error_status = status.SerializeToString()
+                        outcome = "failed"
                 async with writing:
                     await context.write(response)
                 # What a CreateTasks call's own log line and duration would say, per batch.
-                outcome = "refused" if response.error_status else "ok"
                 elapsed = time.perf_counter() - began
                 STREAM_BATCH_SECONDS.labels(outcome=outcome).observe(elapsed)
                 log.info(

@@ -228,3 +228,31 @@ async def test_only_the_gateway_with_its_credential_may_open_the_stream(tmp_path
     finally:
         await host.stop(0)
         db.close()
+
+
+async def test_a_fault_in_one_batch_is_its_internal_answer_and_the_stream_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch must always be answered: a fault while creating it (not a refusal) comes back
+    as INTERNAL, as the call would have failed, without the details; the next batch is served."""
+    async with served_scheduler(tmp_path) as (engine, stub):
+        real = engine.create_admitted
+        faults = [RuntimeError("disk on fire")]
+
+        async def create_admitted(tasks: Any) -> Any:
+            if faults:
+                raise faults.pop()
+            return await real(tasks)
+
+        monkeypatch.setattr(engine, "create_admitted", create_admitted)
+        stream = CreateStream(stub, ())
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await stream(batch(create("unlucky")), timeout=10)
+            assert failed.value.code() == grpc.StatusCode.INTERNAL
+            assert "fire" not in (failed.value.details() or "")
+            assert from_rpc_error(failed.value).status == 500
+            assert titles(await stream(batch(create("lucky")), timeout=10)) == ["lucky"]
+            assert stream.opened == 1
+        finally:
+            await stream.close()
