@@ -161,7 +161,10 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         if one_by_one is not None:
             for i, outcome in zip(others, await one_by_one, strict=True):
                 outcomes[i] = outcome
-        return [outcome for outcome in outcomes if outcome is not None]
+        answered = [outcome for outcome in outcomes if outcome is not None]
+        if len(answered) != len(items):  # every path above answers its item: never a shifted reply
+            raise RuntimeError(f"{len(items) - len(answered)} creates of a batch went unanswered")
+        return answered
 
     async def _create_one(self, item: pb.CreateTasksItem) -> pb.CreateTaskOutcome:
         """One create of a batch through ``create_task``: its task, or the status CreateTask

@@ -72,6 +72,33 @@ async def test_create_is_idempotent_per_request_id(scheduler_db: Database) -> No
     assert event is not None and none is None and again.task_id == first.task_id
 
 
+async def test_creates_stored_together_are_each_answered_as_create_task_would(scheduler_db: Database) -> None:
+    """``create_tasks``: one group commit; each answer in order — a new task with its event, the
+    earlier task for a request id already used (within the batch too), and a create that cannot
+    be stored (its id taken) as its own error while the others are stored."""
+    store = SchedulerStore(scheduler_db)
+    await store.create_task(make_task("1" * 32, request_id="old"))
+    transactions = store.group.transactions
+    answers = await store.create_tasks(
+        [
+            make_task("2" * 32, request_id="new"),
+            make_task("3" * 32, request_id="old"),
+            make_task("1" * 32),  # the id is taken
+            make_task("4" * 32, request_id="new"),
+        ]
+    )
+    new, repeat, taken, repeat_in_batch = answers
+    assert isinstance(new, tuple) and new[0].task_id == "2" * 32 and new[1] is not None
+    assert isinstance(repeat, tuple) and repeat[0].task_id == "1" * 32 and repeat[1] is None
+    assert isinstance(taken, Exception)
+    assert isinstance(repeat_in_batch, tuple) and repeat_in_batch[0].task_id == "2" * 32 and repeat_in_batch[1] is None
+    # One committed batch (run again isolated once the taken id failed; that create's own retry,
+    # failing again, commits nothing).
+    assert store.group.transactions - transactions == 1
+    stored = await store.find_tasks(["2" * 32, "3" * 32, "4" * 32])
+    assert set(stored) == {"2" * 32}
+
+
 async def test_a_transition_appends_an_event_and_an_invalid_one_writes_nothing(scheduler_db: Database) -> None:
     store = SchedulerStore(scheduler_db)
     await store.create_task(make_task("1" * 32))
