@@ -58,20 +58,101 @@ async def test_creates_arriving_during_a_call_go_together_in_the_next() -> None:
     assert held.call_ids == [["r-a"], ["r-b", "r-c", "r-d"]]
 
 
-async def test_two_calls_go_at_once_and_the_creates_after_them_gather_behind() -> None:
+async def test_one_batch_goes_at_a_time_while_the_one_in_flight_is_not_slow() -> None:
     held = HeldScheduler()
-    batches = CreateBatches(held)  # type: ignore[arg-type]  (two in flight, the default)
-    first = asyncio.create_task(batches.create(create("a"), "r-a", 30))
+    batches = CreateBatches(held, slow_batch_s=30)  # type: ignore[arg-type]
+    first = asyncio.create_task(batches.create(create("a"), "r-a", 60))
+    await until(lambda: held.calls)
+    later = [asyncio.create_task(batches.create(create(t), f"r-{t}", 60)) for t in "bcd"]
+    await asyncio.sleep(0.05)
+    assert held.calls == [["a"]], "nothing goes beside a batch out for less than slow_batch_s"
+    held.release.set()
+    await asyncio.gather(first, *later)
+    assert held.calls == [["a"], ["b", "c", "d"]]
+
+
+@dataclass
+class StampedScheduler(HeldScheduler):
+    """A HeldScheduler that also notes when each call arrived (the loop's clock)."""
+
+    sent_at: list[float] = field(default_factory=list)
+
+    async def CreateTasks(self, request: pb.CreateTasksRequest, **kwargs: Any) -> pb.CreateTasksResponse:
+        self.sent_at.append(asyncio.get_running_loop().time())
+        return await super().CreateTasks(request, **kwargs)
+
+
+async def test_a_slow_batch_does_not_hold_the_creates_behind_it() -> None:
+    """A batch out for slow_batch_s (a create making a Git worktree, say) has the next one go
+    beside it, once — not one per create — and no earlier."""
+    held = StampedScheduler()
+    batches = CreateBatches(held, slow_batch_s=0.2)  # type: ignore[arg-type]
+    first = asyncio.create_task(batches.create(create("a"), "r-a", 60))
+    await until(lambda: held.calls)
+    later = [asyncio.create_task(batches.create(create(t), f"r-{t}", 60)) for t in "bc"]
+    await until(lambda: len(held.calls) == 2)
+    assert held.sent_at[1] - held.sent_at[0] >= 0.2 - 0.001, "the second batch went before the first was slow"
+    assert held.calls == [["a"], ["b", "c"]]
+    held.release.set()
+    assert [r.task.task_id for r in await asyncio.gather(first, *later)] == ["id-a", "id-b", "id-c"]
+
+
+async def test_batches_beside_slow_ones_stop_at_max_in_flight_and_the_rest_go_after() -> None:
+    held = HeldScheduler()
+    batches = CreateBatches(held, max_in_flight=2, slow_batch_s=0)  # type: ignore[arg-type]
+    first = asyncio.create_task(batches.create(create("a"), "r-a", 60))
     await until(lambda: len(held.calls) == 1)
-    second = asyncio.create_task(batches.create(create("b"), "r-b", 30))
-    await until(lambda: len(held.calls) == 2)  # the second call does not wait for the first
-    later = [asyncio.create_task(batches.create(create(t), f"r-{t}", 30)) for t in "cde"]
-    await asyncio.sleep(0.01)
-    assert held.calls == [["a"], ["b"]], "at most two calls in flight"
+    second = asyncio.create_task(batches.create(create("b"), "r-b", 60))
+    await until(lambda: len(held.calls) == 2)
+    later = [asyncio.create_task(batches.create(create(t), f"r-{t}", 60)) for t in "cde"]
+    await asyncio.sleep(0.05)
+    assert held.calls == [["a"], ["b"]], "at most max_in_flight batches out"
     held.release.set()
     await asyncio.gather(first, second, *later)
-    assert held.calls[:2] == [["a"], ["b"]] and sorted(sum(held.calls[2:], [])) == ["c", "d", "e"]
-    assert len(held.calls) <= 4
+    assert sorted(sum(held.calls[2:], [])) == ["c", "d", "e"]
+
+
+@dataclass
+class OneByOneScheduler:
+    """Holds each call until its own gate opens; records the titles of every call."""
+
+    gates: list[asyncio.Event] = field(default_factory=list)
+    calls: list[list[str]] = field(default_factory=list)
+
+    async def CreateTasks(self, request: pb.CreateTasksRequest, **kwargs: Any) -> pb.CreateTasksResponse:
+        self.calls.append([item.request.title for item in request.items])
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        return pb.CreateTasksResponse(
+            outcomes=[pb.CreateTaskOutcome(task=pb.Task(task_id=f"id-{i.request.title}")) for i in request.items]
+        )
+
+
+async def test_creates_waiting_when_the_batch_beside_a_slow_one_returns_go_at_once() -> None:
+    """The batch sent beside a slow one comes back while the slow one is still out: what waits
+    meanwhile goes straight away (the slow one still holds nothing), and every create is answered."""
+    held = OneByOneScheduler()
+    batches = CreateBatches(held, slow_batch_s=1.0)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    slow = asyncio.create_task(batches.create(create("slow"), "r-s", 60))
+    await until(lambda: len(held.calls) == 1)
+    beside = asyncio.create_task(batches.create(create("b"), "r-b", 60))
+    await until(lambda: len(held.calls) == 2)
+    beside_left = loop.time()
+    waiting = asyncio.create_task(batches.create(create("c"), "r-c", 60))  # "b" is young: "c" waits
+    await asyncio.sleep(0.05)
+    assert len(held.calls) == 2
+    held.gates[1].set()  # "b" answered; "slow" still out, and slow
+    assert (await beside).task.task_id == "id-b"
+    await until(lambda: len(held.calls) == 3)
+    assert loop.time() - beside_left < 1.0, "c waited for b to turn slow, though b had come back"
+    assert held.calls == [["slow"], ["b"], ["c"]]
+    held.gates[2].set()
+    assert (await waiting).task.task_id == "id-c"
+    assert not slow.done()
+    held.gates[0].set()
+    assert (await slow).task.task_id == "id-slow"
 
 
 async def test_a_create_whose_caller_left_before_its_batch_is_not_sent() -> None:
