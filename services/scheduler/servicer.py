@@ -16,6 +16,7 @@ from libs.grpc_server import REQUEST_ID_PATTERN, status_proto, unexpected_status
 from libs.worker_sdk import TOKEN_METADATA_KEY
 from services.scheduler import convert, domain
 from services.scheduler.domain import USER_CANCELED, NewTask, Task
+from services.scheduler.eager import start_eagerly
 from services.scheduler.engine import Engine
 from services.scheduler.events import TaskEvent
 from services.scheduler.metrics import STREAM_BATCH_SECONDS
@@ -87,7 +88,7 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     ) -> None:
         """Each batch read is answered once its creates committed, while the next ones are read
         (at most ``MAX_STREAM_BATCHES`` at once: beyond, flow control holds the sender back)."""
-        answering: set[asyncio.Task[None]] = set()
+        answering: set[asyncio.Future[None]] = set()
         room = asyncio.Semaphore(MAX_STREAM_BATCHES)
         writing = asyncio.Lock()
 
@@ -126,7 +127,9 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         try:
             async for batch in requests:
                 await room.acquire()
-                task = asyncio.create_task(answer(batch), name="stream-create-batch")
+                # Eagerly: admitted, committed and its answer's write begun in this turn when
+                # nothing makes it wait (a turn of a busy loop is a create's latency).
+                task = start_eagerly(answer(batch), name="stream-create-batch")
                 answering.add(task)
                 task.add_done_callback(answering.discard)
             await asyncio.gather(*answering)  # the caller is done sending: answer what it sent
