@@ -535,8 +535,9 @@ async def throughput_round(
 # The throwaway cluster every service's database is in (--postgres); None: SQLite under the data dir.
 PG_URL: str | None = None
 
-# Creates in flight in the throughput run (--creates-in-flight): 16 by default; 64 finishes the creates
-# in half the run and leaves the tasks/s where they were (the lifecycle, not the client, is the limit).
+# Creates in flight in the throughput run (--creates-in-flight): 16 by default, the figure every run
+# since issue 11 was filed has used. With 16 the run is a closed loop on a REST create's latency: at
+# b6d31ca 32 and 64 in flight ran 720-727 and 767 tasks/s against 662 (docs/performance.md).
 CREATES_IN_FLIGHT = 16
 
 # The throughput run's [tasks] settings. The supervisor's and the telemetry agent's timers are at
