@@ -136,6 +136,34 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._auth = auth
         # Per (method, code). Bounded: only registered methods reach it, and few codes.
         self._durations = Children(RPC_DURATION)
+        # The tasks serving open streams, and whether the service is stopping (``end_streams``).
+        self._streams: set[asyncio.Task[Any]] = set()
+        self._ending_streams = False
+
+    def end_streams(self) -> set[asyncio.Task[Any]]:
+        """(Stopping.) Every open stream ends UNAVAILABLE ("the service is stopping") instead of
+        holding the server's grace to its end and then being cancelled (with a traceback): a
+        watch stays open as long as its client, and every client here reconnects on an error —
+        to this service once it is back. Returns the streams' tasks, to wait for."""
+        self._ending_streams = True
+        streams = set(self._streams)
+        for task in streams:
+            task.cancel()
+        return streams
+
+    def open_streams(self) -> set[asyncio.Task[Any]]:
+        return set(self._streams)
+
+    def _stream_started(self) -> asyncio.Task[Any]:
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        return task
+
+    async def _ended_by_stop(self, task: asyncio.Task[Any], context: grpc.aio.ServicerContext) -> None:
+        """A stream cancelled by ``end_streams``: its status is UNAVAILABLE (always raises)."""
+        task.uncancel()
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is stopping; reconnect")
 
     def _observe(self, method: str, code: str, seconds: float) -> None:
         self._durations(method, code).observe(seconds)
@@ -230,16 +258,25 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 start = bind()
+                task = self._stream_started()
                 try:
                     async for item in stream_behavior(request, context):
                         yield item
-                except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
+                except asyncio.CancelledError:
+                    if not self._ending_streams:
+                        done(start, _ended_code(context))
+                        raise
+                    done(start, "UNAVAILABLE")
+                    await self._ended_by_stop(task, context)
+                except (grpc.aio.AbortError, GeneratorExit):
                     done(start, _ended_code(context))
                     raise
                 except Exception as exc:  # noqa: BLE001 - its status, below
                     await fail(start, context, exc)
                 else:
                     done(start, "OK")
+                finally:
+                    self._streams.discard(task)
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
@@ -253,15 +290,24 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             async def both_ways(requests: Any, context: grpc.aio.ServicerContext) -> None:
                 start = bind()
+                task = self._stream_started()
                 try:
                     await both_ways_behavior(requests, context)
-                except (grpc.aio.AbortError, asyncio.CancelledError):
+                except asyncio.CancelledError:
+                    if not self._ending_streams:
+                        done(start, _ended_code(context))
+                        raise
+                    done(start, "UNAVAILABLE")
+                    await self._ended_by_stop(task, context)
+                except grpc.aio.AbortError:
                     done(start, _ended_code(context))
                     raise
                 except Exception as exc:  # noqa: BLE001 - its status, below
                     await fail(start, context, exc)
                 else:
                     done(start, "OK")
+                finally:
+                    self._streams.discard(task)
 
             return grpc.stream_stream_rpc_method_handler(
                 both_ways,
@@ -272,6 +318,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 
 Registrar = Callable[[grpc.aio.Server], None]
+
+# At a stop, how long the streams still open get to end their own way (a service's on_stopping
+# may have closed what they follow: the telemetry agent's observation streams end OK) before
+# the rest are ended UNAVAILABLE.
+STREAMS_SETTLE_S = 0.5
 
 
 def server_keepalive_options(keepalive_ms: int) -> list[tuple[str, int]]:
@@ -324,11 +375,33 @@ NO_CALLER_AUTH = ServerSecurity(auth=None)
 class ServiceHost:
     """A started gRPC server with health and reflection; stop() is graceful."""
 
-    def __init__(self, server: grpc.aio.Server, health: health_aio.HealthServicer, port: int, names: list[str]) -> None:
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        health: health_aio.HealthServicer,
+        port: int,
+        names: list[str],
+        interceptor: ServiceInterceptor | None = None,
+    ) -> None:
         self.server = server
         self.health = health
         self.port = port
         self.names = names
+        self.interceptor = interceptor
+
+    async def end_streams(self, grace: float, settle: float = STREAMS_SETTLE_S) -> None:
+        """The streams still open ``settle`` seconds from now end UNAVAILABLE
+        (``ServiceInterceptor.end_streams``); waits up to ``grace`` for them. Streams the
+        service is ending itself (its ``on_stopping`` closed what they follow) end their own
+        way meanwhile."""
+        if self.interceptor is None:
+            return
+        interceptor = self.interceptor
+        if interceptor.open_streams():
+            await asyncio.wait(interceptor.open_streams(), timeout=settle)
+        streams = interceptor.end_streams()
+        if streams:
+            await asyncio.wait(streams, timeout=grace)
 
     async def set_serving(self) -> None:
         for name in ["", *self.names]:
@@ -352,8 +425,9 @@ async def start_server(
     ready: bool = True,
 ) -> ServiceHost:
     """Start serving; health says NOT_SERVING until ``set_serving`` unless ``ready``."""
+    interceptor = ServiceInterceptor(security.auth)
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(security.auth)],
+        interceptors=[interceptor],
         options=[
             # Without this, a second server on the same port binds silently.
             ("grpc.so_reuseport", 0),
@@ -385,7 +459,7 @@ async def start_server(
     if port == 0:
         raise ListenFailed(f"cannot listen on {addr} (in use, or not an address of this host)")
     await server.start()
-    host = ServiceHost(server, health, port, names)
+    host = ServiceHost(server, health, port, names, interceptor)
     for name in ["", *names]:
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     if ready:
@@ -456,5 +530,7 @@ async def _serve(
     await host.health.enter_graceful_shutdown()
     if on_stopping:
         await on_stopping()
+    # Streams (watches, feeds) stay open as long as their clients: end them rather than wait.
+    await host.end_streams(grace)
     await host.server.stop(grace)
     log.info("stopped")

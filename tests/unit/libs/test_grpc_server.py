@@ -4,6 +4,7 @@ INTERNAL; each counted once under its method and code."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from prometheus_client import REGISTRY
 from libs.errors import InvalidArgument
 from libs.grpc_client import error_info
 from libs.grpc_server import NO_CALLER_AUTH, start_server
+from tests.support.waiting import until
 
 SERVICE = "taskgate.test.Errors"
 Request, Response = health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
@@ -103,3 +105,55 @@ async def test_each_kind_of_handler_ends_with_the_status_its_error_maps_to(
         elif kind == "bug":
             assert "a bug" not in (error.details() or ""), "no internals in the answer"
         assert _count(method, code.name) == before + 1
+
+
+async def test_a_stopping_service_ends_its_open_streams_unavailable_not_after_its_grace() -> None:
+    """Watches stay open as long as their clients: a stopping service ends them UNAVAILABLE at
+    once (its clients reconnect) instead of waiting out its grace and cancelling them; a stream
+    its client cancelled before is not counted as ended by the stop."""
+    forever = asyncio.Event()
+
+    async def watch(request: Any, context: Any) -> AsyncIterator[Any]:
+        yield Response(status=Response.SERVING)
+        await forever.wait()
+
+    async def follow(requests: Any, context: Any) -> None:
+        async for _ in requests:
+            await context.write(Response(status=Response.SERVING))
+
+    serializers = {"request_deserializer": Request.FromString, "response_serializer": Response.SerializeToString}
+    handlers = {
+        "Watch": grpc.unary_stream_rpc_method_handler(watch, **serializers),
+        "Follow": grpc.stream_stream_rpc_method_handler(follow, **serializers),
+    }
+
+    def register(server: grpc.aio.Server) -> None:
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+    codecs = {"request_serializer": Request.SerializeToString, "response_deserializer": Response.FromString}
+    host = await start_server("127.0.0.1:0", [register], [], security=NO_CALLER_AUTH)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
+            left = channel.unary_stream(f"/{SERVICE}/Watch", **codecs)(Request())
+            assert (await left.read()).status == Response.SERVING
+            left.cancel()  # its client went away before the stop
+            await until(lambda: _count("Watch", "CANCELLED") >= 1)
+            unavailable_before = _count("Watch", "UNAVAILABLE"), _count("Follow", "UNAVAILABLE")
+            watching = channel.unary_stream(f"/{SERVICE}/Watch", **codecs)(Request())
+            assert (await watching.read()).status == Response.SERVING
+            following = channel.stream_stream(f"/{SERVICE}/Follow", **codecs)()
+            await following.write(Request())
+            assert (await following.read()).status == Response.SERVING
+
+            await asyncio.wait_for(host.end_streams(grace=30), 10)  # not the 30 s grace
+            for call in (watching, following):
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    await call.read()
+                assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "stopping" in (ended.value.details() or "")
+            assert (_count("Watch", "UNAVAILABLE"), _count("Follow", "UNAVAILABLE")) == (
+                unavailable_before[0] + 1,
+                unavailable_before[1] + 1,
+            )
+    finally:
+        await host.stop(0)
