@@ -30,6 +30,9 @@ from taskgate.scheduler.v1 import crons_pb2, crons_pb2_grpc, scheduler_pb2, sche
 
 log = structlog.get_logger("scheduler")
 
+# How long a stopping scheduler waits for its create streams to answer the batches they read.
+CREATE_STREAMS_GRACE_S = 3.0
+
 
 async def main() -> None:
     stop = StopSignal.install()
@@ -77,7 +80,12 @@ async def main() -> None:
         telemetry.start(engine.record_observation)
         await engine.start()
 
+    servicer = SchedulerServicer(engine)
+
     async def stopping() -> None:
+        # First, while the engine still answers: the gateways' create streams end (their
+        # batches read are answered) instead of holding the server's grace to its end.
+        await servicer.end_create_streams(grace_s=CREATE_STREAMS_GRACE_S)
         await engine.shutdown()
         if worker_server is not None:
             await worker_server.stop(1.0)
@@ -87,7 +95,7 @@ async def main() -> None:
         await failure_reports.close()
 
     def register(server: object) -> None:
-        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(engine), server)
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
         crons_pb2_grpc.add_CronServiceServicer_to_server(CronServicer(engine.crons), server)
 
     async def tasks_by_state() -> dict[tuple[str, ...], float]:

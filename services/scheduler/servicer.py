@@ -6,12 +6,13 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 import structlog
 from google.rpc import code_pb2
 
-from libs.errors import DomainError, InvalidArgument
+from libs.errors import DomainError, InvalidArgument, Unavailable
 from libs.grpc_server import REQUEST_ID_PATTERN, status_proto, unexpected_status_proto
 from libs.worker_sdk import TOKEN_METADATA_KEY
 from services.scheduler import convert, domain
@@ -31,7 +32,7 @@ WATCH_LIVE_KEY = "x-taskgate-watch-live"
 EVENT_TYPE_FROM_PB = {v: k for k, v in convert.EVENT_TYPE_TO_PB.items()}
 # The most creates one CreateTasks call carries.
 MAX_BATCH_CREATES = 256
-# Batches of one StreamCreateTasks stream answered at once (the gateway keeps two in flight).
+# Batches of one StreamCreateTasks stream answered at once (the gateway keeps one or a few in flight).
 MAX_STREAM_BATCHES = 8
 
 
@@ -67,6 +68,11 @@ def new_task(request: pb.CreateTaskRequest) -> NewTask:
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # The tasks reading StreamCreateTasks streams, and whether the scheduler is stopping
+        # (``end_create_streams``): a stream is open as long as its gateway is, so a stopping
+        # server would otherwise wait out its whole grace for each.
+        self._create_readers: set[asyncio.Task[Any]] = set()
+        self._ending_create_streams = False
 
     def _now(self) -> int:
         return self.engine.clock.now_ms()
@@ -88,6 +94,8 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     ) -> None:
         """Each batch read is answered once its creates committed, while the next ones are read
         (at most ``MAX_STREAM_BATCHES`` at once: beyond, flow control holds the sender back)."""
+        if self._ending_create_streams:
+            raise Unavailable("SCHEDULER_STOPPING", "the scheduler is stopping")
         answering: set[asyncio.Future[None]] = set()
         room = asyncio.Semaphore(MAX_STREAM_BATCHES)
         writing = asyncio.Lock()
@@ -124,18 +132,38 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             finally:
                 room.release()
 
+        reader = asyncio.current_task()
+        assert reader is not None
+        self._create_readers.add(reader)
         try:
-            async for batch in requests:
-                await room.acquire()
-                # Eagerly: admitted, committed and its answer's write begun in this turn when
-                # nothing makes it wait (a turn of a busy loop is a create's latency).
-                task = start_eagerly(answer(batch), name="stream-create-batch")
-                answering.add(task)
-                task.add_done_callback(answering.discard)
-            await asyncio.gather(*answering)  # the caller is done sending: answer what it sent
+            try:
+                async for batch in requests:
+                    await room.acquire()
+                    # Eagerly: admitted, committed and its answer's write begun in this turn when
+                    # nothing makes it wait (a turn of a busy loop is a create's latency).
+                    task = start_eagerly(answer(batch), name="stream-create-batch")
+                    answering.add(task)
+                    task.add_done_callback(answering.discard)
+            except asyncio.CancelledError:
+                if not self._ending_create_streams:
+                    raise
+                reader.uncancel()  # the scheduler is stopping: read no more, answer what was read
+            await asyncio.gather(*answering)  # the caller is done sending, or we are: answer what it sent
         finally:
+            self._create_readers.discard(reader)
             for task in answering:
                 task.cancel()
+
+    async def end_create_streams(self, grace_s: float) -> None:
+        """(Stopping.) Every StreamCreateTasks stream stops reading, answers the batches it read
+        and ends (OK: its gateway opens a new one — on another scheduler, or UNAVAILABLE until
+        this one is back); new ones are refused UNAVAILABLE. Waits up to ``grace_s``."""
+        self._ending_create_streams = True
+        readers = set(self._create_readers)
+        for reader in readers:
+            reader.cancel()
+        if readers:
+            await asyncio.wait(readers, timeout=grace_s)
 
     async def _create_batch(self, items: Sequence[pb.CreateTasksItem]) -> list[pb.CreateTaskOutcome]:
         """Each create of a checked batch: its task, or the status CreateTask would have failed with.

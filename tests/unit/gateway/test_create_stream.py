@@ -17,7 +17,7 @@ from gateway_http.create_stream import CreateStream
 from gateway_http.errors import from_rpc_error
 from libs.db import Database
 from libs.grpc_client import ClientSecurity, aio_channel
-from libs.grpc_server import ServerSecurity, start_server
+from libs.grpc_server import NO_CALLER_AUTH, ServerSecurity, start_server
 from libs.internal_auth import CallerAuth
 from libs.settings import Settings, WorkerProfile
 from services.scheduler.engine import Engine
@@ -256,3 +256,53 @@ async def test_a_fault_in_one_batch_is_its_internal_answer_and_the_stream_goes_o
             assert stream.opened == 1
         finally:
             await stream.close()
+
+
+async def test_a_stopping_scheduler_answers_what_it_read_and_ends_its_create_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream stays open as long as its gateway: a stopping scheduler must end it rather than
+    wait out its server's grace. The batch it read is answered first; then the stream ends, and
+    a new one is refused UNAVAILABLE (503) until a scheduler is back."""
+    db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
+    db.migrate()
+    engine = Engine(Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])}), SchedulerStore(db))
+    servicer = SchedulerServicer(engine)
+    host = await start_server(
+        "127.0.0.1:0",
+        [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
+        [],
+        security=NO_CALLER_AUTH,
+    )
+    real = engine.create_admitted
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def held_create_admitted(tasks: Any) -> Any:
+        holding.set()
+        await release.wait()
+        return await real(tasks)
+
+    monkeypatch.setattr(engine, "create_admitted", held_create_admitted)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
+            stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), ())
+            try:
+                read = asyncio.create_task(stream(batch(create("read")), timeout=30))
+                await holding.wait()  # the scheduler has read the batch and is creating it
+                ending = asyncio.create_task(servicer.end_create_streams(grace_s=30))
+                await asyncio.sleep(0.05)
+                assert not ending.done(), "the stream ended before answering the batch it read"
+                release.set()
+                assert titles(await read) == ["read"]
+                await asyncio.wait_for(ending, 10)  # ended with its batch, not after the 30 s grace
+                await until(lambda: stream._stream is not None and stream._stream.broken is not None)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stream(batch(create("after")), timeout=10)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert from_rpc_error(refused.value).status == 503
+            finally:
+                await stream.close()
+        assert sum((await engine.store.count_by_state()).values()) == 1  # "read" only
+    finally:
+        await host.stop(0)
+        db.close()
