@@ -160,11 +160,6 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._streams.add(task)
         return task
 
-    async def _ended_by_stop(self, task: asyncio.Task[Any], context: grpc.aio.ServicerContext) -> None:
-        """A stream cancelled by ``end_streams``: its status is UNAVAILABLE (always raises)."""
-        task.uncancel()
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is stopping; reconnect")
-
     def _observe(self, method: str, code: str, seconds: float) -> None:
         self._durations(method, code).observe(seconds)
 
@@ -232,6 +227,15 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 done(start, code, exc)
                 await context.abort_with_status(status)
 
+        async def cancelled(start: float, task: asyncio.Task[Any], context: grpc.aio.ServicerContext) -> None:
+            """A stream cancelled: by ``end_streams`` it ends UNAVAILABLE (this raises); by its
+            client (or the server's grace) it is counted, and the caller re-raises."""
+            if self._ending_streams:
+                done(start, "UNAVAILABLE")
+                task.uncancel()
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is stopping; reconnect")
+            done(start, _ended_code(context))
+
         if handler.unary_unary:
             behavior = handler.unary_unary
 
@@ -263,11 +267,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     async for item in stream_behavior(request, context):
                         yield item
                 except asyncio.CancelledError:
-                    if not self._ending_streams:
-                        done(start, _ended_code(context))
-                        raise
-                    done(start, "UNAVAILABLE")
-                    await self._ended_by_stop(task, context)
+                    await cancelled(start, task, context)
+                    raise
                 except (grpc.aio.AbortError, GeneratorExit):
                     done(start, _ended_code(context))
                     raise
@@ -294,11 +295,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 try:
                     await both_ways_behavior(requests, context)
                 except asyncio.CancelledError:
-                    if not self._ending_streams:
-                        done(start, _ended_code(context))
-                        raise
-                    done(start, "UNAVAILABLE")
-                    await self._ended_by_stop(task, context)
+                    await cancelled(start, task, context)
+                    raise
                 except grpc.aio.AbortError:
                     done(start, _ended_code(context))
                     raise

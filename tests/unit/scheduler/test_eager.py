@@ -93,18 +93,19 @@ async def test_what_it_binds_in_its_context_stays_its_own() -> None:
     assert await task == "mine", "the rest did not run in the first step's context"
 
 
+async def _waits_for(gate: asyncio.Future[str], seen: list[str]) -> None:
+    try:
+        await gate
+    except asyncio.CancelledError:
+        seen.append("cancelled")
+        raise
+    seen.append("went on")
+
+
 async def test_a_cancel_while_it_waits_reaches_it_and_cancels_what_it_waits_for() -> None:
-    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     seen: list[str] = []
-
-    async def waits() -> None:
-        try:
-            await gate
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-
-    task = start_eagerly(waits())
+    task = start_eagerly(_waits_for(gate, seen))
     await asyncio.sleep(0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -117,16 +118,7 @@ async def test_a_cancel_after_what_it_waits_for_is_done_is_thrown_into_it() -> N
     cancel cannot go through the future, and must not be lost."""
     gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     seen: list[str] = []
-
-    async def waits() -> None:
-        try:
-            await gate
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-        seen.append("went on")
-
-    task = start_eagerly(waits())
+    task = start_eagerly(_waits_for(gate, seen))
     await asyncio.sleep(0)
     gate.set_result("done")
     task.cancel()  # same turn: the task's wake-up is due, not run
