@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -474,7 +475,15 @@ async def test_a_change_after_the_server_dropped_its_connections_still_commits(d
                     " WHERE datname = %s AND pid <> pg_backend_pid()",
                     (name,),
                 ).fetchone()
-            assert killed is not None and killed[0] >= 1, "the store held a connection to drop"
+                assert killed is not None and killed[0] >= 1, "the store held a connection to drop"
+                # pg_terminate_backend only signals: wait until the backends are gone, or the
+                # next change's pre-ping may still find one alive that dies right after it.
+                deadline = time.monotonic() + 30
+                while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,)).fetchone() != (
+                    0,
+                ):
+                    assert time.monotonic() < deadline, "the backends outlived pg_terminate_backend"
+                    time.sleep(0.01)
         task, stored = await store.create_task(make_task("t2"))
         assert stored is not None and (await store.get_task("t2")).task_id == "t2"
     finally:
