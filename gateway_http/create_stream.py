@@ -88,6 +88,14 @@ class _Stream:
                 await self.call.write(pb.StreamCreateTasksRequest(batch_id=batch_id, items=items))
             except asyncio.InvalidStateError:  # the call ended meanwhile: its reader fails the batch
                 pass
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in _BROKEN_UNDER_A_WRITE:
+                    raise  # the call's own refusal (UNIMPLEMENTED, UNAUTHENTICATED, ...): as a call's
+                # The connection broke under the write (grpc says INTERNAL: "Stream removed"): the
+                # stream is done, and this batch's creates may or may not have been made, as for
+                # a call cut off mid-flight — UNAVAILABLE (503), which a client retries.
+                self._break(_unavailable(f"the create stream broke while sending a batch: {exc.details()}"))
+                self.call.cancel()
 
     async def close(self, grace_s: float = 2.0) -> None:
         """Half-close: the scheduler answers what it was sent and ends the stream (cancelled
@@ -156,6 +164,10 @@ class CreateStream:
         if self._stream is not None:
             await self._stream.close()
             self._stream = None
+
+
+# A write's error that means the stream broke (not the call refused): the transport's.
+_BROKEN_UNDER_A_WRITE = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN})
 
 
 def _unavailable(details: str) -> grpc.aio.AioRpcError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -306,3 +307,49 @@ async def test_a_stopping_scheduler_answers_what_it_read_and_ends_its_create_str
     finally:
         await host.stop(0)
         db.close()
+
+
+class _WriteBreaks:
+    """A stream call whose writes fail as grpc fails them when the connection breaks under one."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+    def __aiter__(self) -> Any:
+        return self._call.__aiter__()
+
+    async def write(self, request: Any) -> None:
+        raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), "Stream removed")
+
+
+async def test_a_batch_whose_write_breaks_is_unavailable_and_the_next_batch_opens_another_stream() -> None:
+    """A chaos run SIGKILLed the scheduler while batches were being written: grpc failed the
+    writes with INTERNAL, and their creates came back 500 where a client should retry. A write
+    that breaks is a broken stream: the batch fails UNAVAILABLE (503: its creates may or may not
+    have been made, as for a call cut off), that stream is cancelled, the next batch opens another."""
+
+    async def serve(requests: AsyncIterator[pb.StreamCreateTasksRequest], context: Any) -> None:
+        async for request in requests:
+            await context.write(answer(request))
+
+    async with FakeScheduler({"StreamCreateTasks": stream_handler(serve)}) as fake:
+        calls: list[Any] = []
+
+        def open_stream(**kwargs: Any) -> Any:
+            calls.append(fake.stub.StreamCreateTasks(**kwargs))
+            return _WriteBreaks(calls[-1]) if len(calls) == 1 else calls[-1]
+
+        stub = SimpleNamespace(StreamCreateTasks=open_stream)
+        stream = CreateStream(stub, ())  # type: ignore[arg-type]
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as broken:
+                await stream(batch(create("unsent")), timeout=10)
+            assert broken.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert from_rpc_error(broken.value).status == 503
+            assert titles(await stream(batch(create("next")), timeout=10)) == ["next"]
+            assert stream.opened == 2 and calls[0].cancelled()
+        finally:
+            await stream.close()
