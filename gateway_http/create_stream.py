@@ -8,8 +8,9 @@ written on an open stream is one message read. It also costs both sides less CPU
 
 ``CreateStream`` is a drop-in for ``stub.CreateTasks`` (``CreateBatches`` sends through it): a
 batch gets the same answer, and fails the same way — a batch refused whole with its status, a
-broken stream with the stream's error (UNAVAILABLE when the scheduler went away: as for a call
-cut off mid-flight, its creates may or may not have been made), its deadline with
+broken stream with the stream's error (UNAVAILABLE when the scheduler went away, also when the
+connection broke under the batch's own write: as for a call cut off mid-flight, its creates may
+or may not have been made), its deadline with
 DEADLINE_EXCEEDED. The stream opens on first use and again after one broke. A scheduler without
 the method (UNIMPLEMENTED: an older one, mid-upgrade) gets CreateTasks calls from then on.
 
