@@ -598,13 +598,10 @@ class SchedulerStore:
         ``continues``: the finished task it continues gets ``continued_by_task_id`` in the
         same transaction (refused when another task continued it first).
         """
-
-        work = self._create_unit(task, continues)
         try:
-            return await self._run(work)
+            return await self._run(self._create_unit(task, continues))
         except IntegrityError:
-            # A concurrent create with the same request id won the unique index: return its task.
-            return await self._run(work)
+            return await self._create_after_conflict(task, continues)
 
     async def create_tasks(self, tasks: list[Task]) -> list[tuple[Task, StoredEvent | None] | Exception]:
         """``create_task`` for each of ``tasks`` (none continues another), in the next group
@@ -613,12 +610,17 @@ class SchedulerStore:
         answers: list[tuple[Task, StoredEvent | None] | Exception] = []
         for task, (ok, value) in zip(tasks, outcomes, strict=True):
             if not ok and isinstance(value, IntegrityError):
-                try:  # as create_task: a concurrent create with the same request id won
-                    value = await self._run(self._create_unit(task, None))
+                try:
+                    value = await self._create_after_conflict(task, None)
                 except Exception as exc:  # noqa: BLE001 - this create's own error, for its caller
                     value = exc
             answers.append(value)
         return answers
+
+    async def _create_after_conflict(self, task: Task, continues: str | None) -> tuple[Task, StoredEvent | None]:
+        """A concurrent create with the same request id won the unique index: the unit, run
+        again, finds that task and returns it."""
+        return await self._run(self._create_unit(task, continues))
 
     def _create_unit(self, task: Task, continues: str | None) -> Callable[[Tx], tuple[Task, StoredEvent | None]]:
         """The unit that inserts a new queued task (counted as ``create_task``'s)."""
