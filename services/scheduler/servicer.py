@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -65,6 +65,10 @@ def new_task(request: pb.CreateTaskRequest) -> NewTask:
     )
 
 
+def _no_room_held() -> None:
+    pass
+
+
 class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -97,10 +101,10 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
         if self._ending_create_streams:
             raise Unavailable("SCHEDULER_STOPPING", "the scheduler is stopping")
         answering: set[asyncio.Future[None]] = set()
-        room = asyncio.Semaphore(MAX_STREAM_BATCHES)
+        room = self._stream_room()
         writing = asyncio.Lock()
 
-        async def answer(batch: pb.StreamCreateTasksRequest) -> None:
+        async def answer(batch: pb.StreamCreateTasksRequest, leave_room: Callable[[], None]) -> None:
             began = time.perf_counter()
             try:
                 if batch.items and batch.items[0].call_id:  # the batch's log lines: its first create's id
@@ -130,29 +134,41 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
                     "create_batch", outcome=outcome, creates=len(batch.items), duration_ms=round(elapsed * 1000, 2)
                 )
             finally:
-                room.release()
+                leave_room()
+
+        def start(batch: pb.StreamCreateTasksRequest, leave_room: Callable[[], None]) -> None:
+            # Eagerly: admitted, committed and its answer's write begun in this turn when
+            # nothing makes it wait (a turn of a busy loop is a create's latency).
+            task = start_eagerly(answer(batch, leave_room), name="stream-create-batch")
+            answering.add(task)
+            task.add_done_callback(answering.discard)
 
         reader = asyncio.current_task()
         assert reader is not None
         self._create_readers.add(reader)
+        waiting_for_room: pb.StreamCreateTasksRequest | None = None
         try:
             try:
                 async for batch in requests:
+                    waiting_for_room = batch
                     await room.acquire()
-                    # Eagerly: admitted, committed and its answer's write begun in this turn when
-                    # nothing makes it wait (a turn of a busy loop is a create's latency).
-                    task = start_eagerly(answer(batch), name="stream-create-batch")
-                    answering.add(task)
-                    task.add_done_callback(answering.discard)
+                    waiting_for_room = None
+                    start(batch, room.release)
             except asyncio.CancelledError:
                 if not self._ending_create_streams:
                     raise
                 reader.uncancel()  # the scheduler is stopping: read no more, answer what was read
+                if waiting_for_room is not None:  # read while the others were answered: this one too
+                    start(waiting_for_room, _no_room_held)
             await asyncio.gather(*answering)  # the caller is done sending, or we are: answer what it sent
         finally:
             self._create_readers.discard(reader)
             for task in answering:
                 task.cancel()
+
+    def _stream_room(self) -> asyncio.Semaphore:
+        """How many batches one create stream answers at once (a seam for tests)."""
+        return asyncio.Semaphore(MAX_STREAM_BATCHES)
 
     async def end_create_streams(self, grace_s: float) -> None:
         """(Stopping.) Every StreamCreateTasks stream stops reading, answers the batches it read

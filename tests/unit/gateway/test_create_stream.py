@@ -309,6 +309,73 @@ async def test_a_stopping_scheduler_answers_what_it_read_and_ends_its_create_str
         db.close()
 
 
+class _CountedRoom(asyncio.Semaphore):
+    """A stream's room for batches, which says how many batches wait for a place in it."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.waiting = 0
+
+    async def acquire(self) -> bool:
+        self.waiting += 1
+        try:
+            return await super().acquire()
+        finally:
+            self.waiting -= 1
+
+
+async def test_a_stopping_scheduler_also_answers_a_batch_it_read_while_waiting_for_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader holds a batch it read until one being answered leaves room. A stop then must
+    not drop it (its creates would fail 503 though nothing went wrong): it is answered too."""
+    db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
+    db.migrate()
+    engine = Engine(Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])}), SchedulerStore(db))
+    servicer = SchedulerServicer(engine)
+    rooms: list[_CountedRoom] = []
+
+    def one_batch_at_a_time() -> asyncio.Semaphore:
+        rooms.append(_CountedRoom(1))
+        return rooms[-1]
+
+    monkeypatch.setattr(servicer, "_stream_room", one_batch_at_a_time)
+    host = await start_server(
+        "127.0.0.1:0",
+        [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
+        [],
+        security=NO_CALLER_AUTH,
+    )
+    real = engine.create_admitted
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def held_create_admitted(tasks: Any) -> Any:
+        holding.set()
+        await release.wait()
+        return await real(tasks)
+
+    monkeypatch.setattr(engine, "create_admitted", held_create_admitted)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
+            stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), ())
+            try:
+                first = asyncio.create_task(stream(batch(create("first")), timeout=30))
+                await holding.wait()  # read, and being created: the room is full
+                second = asyncio.create_task(stream(batch(create("second")), timeout=30))
+                await until(lambda: rooms and rooms[0].waiting == 1)  # read, waiting for room
+                ending = asyncio.create_task(servicer.end_create_streams(grace_s=30))
+                release.set()
+                assert titles(await first) == ["first"]
+                assert titles(await second) == ["second"]
+                await asyncio.wait_for(ending, 10)
+            finally:
+                await stream.close()
+        assert sum((await engine.store.count_by_state()).values()) == 2
+    finally:
+        await host.stop(0)
+        db.close()
+
+
 class _WriteBreaks:
     """A stream call whose writes fail as grpc fails them when the connection breaks under one."""
 
@@ -353,3 +420,4 @@ async def test_a_batch_whose_write_breaks_is_unavailable_and_the_next_batch_open
             assert stream.opened == 2 and calls[0].cancelled()
         finally:
             await stream.close()
+
