@@ -151,6 +151,10 @@ class CreateStream:
                 return pb.CreateTasksResponse(outcomes=response.outcomes)
             finally:
                 stream.waiting.pop(batch_id, None)
+                if not answer.done():
+                    answer.cancel()
+                elif not answer.cancelled():
+                    answer.exception()  # raised from the write instead: retrieved, not reported at exit
         reply: pb.CreateTasksResponse = await self.scheduler.CreateTasks(request, timeout=timeout, metadata=metadata)
         return reply
 

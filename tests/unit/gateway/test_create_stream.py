@@ -5,6 +5,7 @@ that outlives a batch's refusal or deadline and is opened anew after it broke.""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -421,3 +422,49 @@ async def test_a_batch_whose_write_breaks_is_unavailable_and_the_next_batch_open
         finally:
             await stream.close()
 
+
+class _RefusedCall:
+    """A stream the scheduler refused as a call (here UNAUTHENTICATED): its reader sees the
+    refusal first, then the batch's write fails with it."""
+
+    def __init__(self) -> None:
+        self.refused = asyncio.Event()
+
+    def __aiter__(self) -> _RefusedCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        self.refused.set()
+        raise _refusal()
+
+    async def write(self, request: Any) -> None:
+        await self.refused.wait()  # the reader has failed the waiting batches by now
+        raise _refusal()
+
+    def cancel(self) -> bool:
+        return False
+
+
+def _refusal() -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAUTHENTICATED, grpc.aio.Metadata(), grpc.aio.Metadata(), "no")
+
+
+async def test_a_refused_write_leaves_no_error_unretrieved() -> None:
+    """The refusal is raised to the batch's sender once, from its write; the same error set on
+    the batch's answer by the reader is not left for asyncio to report as never retrieved."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        stub = SimpleNamespace(StreamCreateTasks=lambda **_: _RefusedCall())
+        stream = CreateStream(stub, ())  # type: ignore[arg-type]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stream(batch(create("no")), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        await stream.close()
+        del refused
+        gc.collect()
+        assert [c["message"] for c in reported] == []
+    finally:
+        loop.set_exception_handler(previous)
