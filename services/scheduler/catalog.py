@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import structlog
 
 from libs import errors
 from libs.ids import time_ordered_id
@@ -181,6 +184,46 @@ class TaskCatalog:
         earlier one with its request id), or its error, in order."""
         answers = await self.rt.store.create_tasks(tasks)
         return [answer if isinstance(answer, Exception) else self._created(*answer) for answer in answers]
+
+    async def create_batch(self, requests: Sequence[tuple[NewTask, str]]) -> list[Task | Exception]:
+        """Each request's created task, or what ``create_task`` would have raised for it, in order.
+
+        Plain creates (most) are admitted at once and stored together in one group commit, this
+        call waking once when they have committed; the others (a continuation, a skill, a Git
+        worktree: reads, files, processes) go through ``create_task`` one by one, concurrently with
+        them, each logging with its caller's request id (the second of each pair; "" for none)."""
+        answers: list[Task | Exception | None] = [None] * len(requests)
+        admitted: list[tuple[int, Task]] = []
+        others: list[int] = []
+        for i, (request, _) in enumerate(requests):
+            try:
+                task = self.admit_at_once(request)
+            except Exception as exc:  # noqa: BLE001 - this create's refusal, as create_task's
+                answers[i] = exc
+                continue
+            if task is None:
+                others.append(i)
+            else:
+                admitted.append((i, task))
+        one_by_one = asyncio.gather(*(self._create_one(*requests[i]) for i in others)) if others else None
+        if admitted:
+            for (i, _), answer in zip(admitted, await self.create_admitted([t for _, t in admitted]), strict=True):
+                answers[i] = answer
+        if one_by_one is not None:
+            for i, answer in zip(others, await one_by_one, strict=True):
+                answers[i] = answer
+        done = [answer for answer in answers if answer is not None]
+        if len(done) != len(requests):  # every path above answers its request: never a shifted reply
+            raise RuntimeError(f"{len(requests) - len(done)} creates of a batch went unanswered")
+        return done
+
+    async def _create_one(self, request: NewTask, request_id: str) -> Task | Exception:
+        if request_id:  # this create's own log lines carry its caller's request id
+            structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            return await self.create_task(request)
+        except Exception as exc:  # noqa: BLE001 - its answer, as create_task's caller would see it
+            return exc
 
     def new_task(self, request: NewTask) -> Task:
         """The queued task a cron tick makes (validated), not stored yet: a plain worker task of

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import structlog
 
@@ -265,11 +265,8 @@ class Engine:
     async def create_task(self, request: NewTask) -> Task:
         return await self.catalog.create_task(request)
 
-    def admit_at_once(self, request: NewTask) -> Task | None:
-        return self.catalog.admit_at_once(request)
-
-    async def create_admitted(self, tasks: list[Task]) -> list[Task | Exception]:
-        return await self.catalog.create_admitted(tasks)
+    async def create_batch(self, requests: Sequence[tuple[NewTask, str]]) -> list[Task | Exception]:
+        return await self.catalog.create_batch(requests)
 
     async def get_task(self, task_id: str) -> tuple[Task, list[Attempt]]:
         return await self.catalog.get_task(task_id)

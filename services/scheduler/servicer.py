@@ -182,47 +182,20 @@ class SchedulerServicer(pb_grpc.SchedulerServiceServicer):
             await asyncio.wait(readers, timeout=grace_s)
 
     async def _create_batch(self, items: Sequence[pb.CreateTasksItem]) -> list[pb.CreateTaskOutcome]:
-        """Each create of a checked batch: its task, or the status CreateTask would have failed with.
-
-        Plain creates (most) are admitted here and stored together, this call waking once when
-        they have committed; the others (a continuation, a skill, a Git worktree: reads, files,
-        processes) are created one by one, concurrently with them."""
+        """Each create of a checked batch: its task, or the status CreateTask would have failed with."""
         outcomes: list[pb.CreateTaskOutcome | None] = [None] * len(items)
-        admitted: list[tuple[int, Task]] = []
-        others: list[int] = []
+        wanted: list[int] = []
+        requests: list[tuple[NewTask, str]] = []
         for i, item in enumerate(items):
             try:
-                task = self.engine.admit_at_once(new_task(item.request))
+                requests.append((new_task(item.request), item.call_id))
             except Exception as exc:  # noqa: BLE001 - this create's refusal, as CreateTask's
                 outcomes[i] = self._failed(item, exc)
                 continue
-            if task is None:
-                others.append(i)
-            else:
-                admitted.append((i, task))
-        one_by_one = asyncio.gather(*(self._create_one(items[i]) for i in others)) if others else None
-        if admitted:
-            created = await self.engine.create_admitted([task for _, task in admitted])
-            for (i, _), answer in zip(admitted, created, strict=True):
-                outcomes[i] = self._failed(items[i], answer) if isinstance(answer, Exception) else self._done(answer)
-        if one_by_one is not None:
-            for i, outcome in zip(others, await one_by_one, strict=True):
-                outcomes[i] = outcome
-        answered = [outcome for outcome in outcomes if outcome is not None]
-        if len(answered) != len(items):  # every path above answers its item: never a shifted reply
-            raise RuntimeError(f"{len(items) - len(answered)} creates of a batch went unanswered")
-        return answered
-
-    async def _create_one(self, item: pb.CreateTasksItem) -> pb.CreateTaskOutcome:
-        """One create of a batch through ``create_task``: its task, or the status CreateTask
-        would have failed with."""
-        if item.call_id:  # this create's own log lines carry its caller's request id
-            structlog.contextvars.bind_contextvars(request_id=item.call_id)
-        try:
-            task = await self.engine.create_task(new_task(item.request))
-        except Exception as exc:  # noqa: BLE001 - as the interceptor maps it for a unary call
-            return self._failed(item, exc)
-        return self._done(task)
+            wanted.append(i)
+        for i, answer in zip(wanted, await self.engine.create_batch(requests), strict=True):
+            outcomes[i] = self._failed(items[i], answer) if isinstance(answer, Exception) else self._done(answer)
+        return [outcome for outcome in outcomes if outcome is not None]
 
     def _done(self, task: Task) -> pb.CreateTaskOutcome:
         return pb.CreateTaskOutcome(task=convert.task_to_pb(task, self._now()))

@@ -238,15 +238,15 @@ async def test_a_fault_in_one_batch_is_its_internal_answer_and_the_stream_goes_o
     """A batch must always be answered: a fault while creating it (not a refusal) comes back
     as INTERNAL, as the call would have failed, without the details; the next batch is served."""
     async with served_scheduler(tmp_path) as (engine, stub):
-        real = engine.create_admitted
+        real = engine.create_batch
         faults = [RuntimeError("disk on fire")]
 
-        async def create_admitted(tasks: Any) -> Any:
+        async def create_batch(requests: Any) -> Any:
             if faults:
                 raise faults.pop()
-            return await real(tasks)
+            return await real(requests)
 
-        monkeypatch.setattr(engine, "create_admitted", create_admitted)
+        monkeypatch.setattr(engine, "create_batch", create_batch)
         stream = CreateStream(stub, ())
         try:
             with pytest.raises(grpc.aio.AioRpcError) as failed:
@@ -276,15 +276,15 @@ async def test_a_stopping_scheduler_answers_what_it_read_and_ends_its_create_str
         [],
         security=NO_CALLER_AUTH,
     )
-    real = engine.create_admitted
+    real = engine.create_batch
     holding, release = asyncio.Event(), asyncio.Event()
 
-    async def held_create_admitted(tasks: Any) -> Any:
+    async def held_create_batch(requests: Any) -> Any:
         holding.set()
         await release.wait()
-        return await real(tasks)
+        return await real(requests)
 
-    monkeypatch.setattr(engine, "create_admitted", held_create_admitted)
+    monkeypatch.setattr(engine, "create_batch", held_create_batch)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
             stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), ())
@@ -347,15 +347,15 @@ async def test_a_stopping_scheduler_also_answers_a_batch_it_read_while_waiting_f
         [],
         security=NO_CALLER_AUTH,
     )
-    real = engine.create_admitted
+    real = engine.create_batch
     holding, release = asyncio.Event(), asyncio.Event()
 
-    async def held_create_admitted(tasks: Any) -> Any:
+    async def held_create_batch(requests: Any) -> Any:
         holding.set()
         await release.wait()
-        return await real(tasks)
+        return await real(requests)
 
-    monkeypatch.setattr(engine, "create_admitted", held_create_admitted)
+    monkeypatch.setattr(engine, "create_batch", held_create_batch)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
             stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), ())
