@@ -230,12 +230,17 @@ def round_runners(
     return {key: runners[key] for key in wanted}
 
 
-def run_all(wanted: list[str], peers: Path, n: int, rounds: int) -> list[SystemResult]:
+def run_all(wanted: list[str], peers: Path, n: int, rounds: int, data_root: Path | None = None) -> list[SystemResult]:
     """Round 1 of every system, then round 2 of every system, ...: a change in the machine's load
-    during the run falls on all of them, not on whichever system happened to run then."""
+    during the run falls on all of them, not on whichever system happened to run then.
+
+    The systems' data goes to a new folder under ``data_root`` (kept) or the temporary folder
+    (removed at the end)."""
     figures: dict[str, list[RoundFigures]] = {key: [] for key in wanted}
     versions: dict[str, str] = {}
-    workdir = Path(tempfile.mkdtemp(prefix="taskgate-bench-peers-"))
+    if data_root is not None:
+        data_root.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="taskgate-bench-peers-", dir=data_root))
     try:
         with ExitStack() as services:
             runners = round_runners(wanted, peers, n, workdir, services)
@@ -256,7 +261,10 @@ def run_all(wanted: list[str], peers: Path, n: int, rounds: int) -> list[SystemR
                     figures[key].append(with_load(one))
                     progress(f"  {one.tasks_per_s:8.1f} tasks/s (load average {os.getloadavg()[0]:.1f})")
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if data_root is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            progress(f"\nthe run's data is kept in {workdir}")
     results = []
     for key in wanted:
         label, workload = LABELS[key]
@@ -294,6 +302,13 @@ def main() -> None:
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(SYSTEMS)}")
     parser.add_argument("--peers-python", type=Path, default=PEERS_PYTHON)
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default docs/bench/results.json)")
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="put the systems' data in a new folder under this one and keep it (on ext4 without a journal a "
+        "deletion makes the next minutes' file creates dear: docs/performance.md)",
+    )
     parser.add_argument("--render", action="store_true", help="only redraw results.md and charts from results.json")
     args = parser.parse_args()
     if args.render:
@@ -317,7 +332,7 @@ def main() -> None:
     progress(f"comparing taskgate with its peers: N={n}, {rounds} round(s) each, load average {load:.2f}")
     if load > (os.cpu_count() or 1):
         progress("  note: the machine is busy; the absolute rates will be low")
-    results = run_all([key for key in SYSTEMS if not only or key in only], peers, n, rounds)
+    results = run_all([key for key in SYSTEMS if not only or key in only], peers, n, rounds, args.data_root)
     comparison = Comparison(
         systems=tuple(results), generated_at=datetime.now(UTC).isoformat(timespec="seconds"), machine=at_start
     )
