@@ -5,8 +5,10 @@ that outlives a batch's refusal or deadline and is opened anew after it broke.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -260,16 +262,27 @@ async def test_a_fault_in_one_batch_is_its_internal_answer_and_the_stream_goes_o
             await stream.close()
 
 
-async def test_a_stopping_scheduler_answers_what_it_read_and_ends_its_create_streams(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A stream stays open as long as its gateway: a stopping scheduler must end it rather than
-    wait out its server's grace. The batch it read is answered first; then the stream ends, and
-    a new one is refused UNAVAILABLE (503) until a scheduler is back."""
+@dataclass
+class _HeldScheduler:
+    """A scheduler served in-process whose batches stop at their creates until ``release``."""
+
+    servicer: SchedulerServicer
+    engine: Engine
+    stream: CreateStream  # the gateway's side
+    holding: asyncio.Event  # a batch has been read and is at its creates
+    release: asyncio.Event
+
+
+@contextlib.asynccontextmanager
+async def held_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: Callable[[], asyncio.Semaphore] | None = None
+) -> AsyncIterator[_HeldScheduler]:
     db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
     db.migrate()
     engine = Engine(Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])}), SchedulerStore(db))
     servicer = SchedulerServicer(engine)
+    if room is not None:
+        monkeypatch.setattr(servicer, "_stream_room", room)
     host = await start_server(
         "127.0.0.1:0",
         [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
@@ -289,25 +302,36 @@ async def test_a_stopping_scheduler_answers_what_it_read_and_ends_its_create_str
         async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
             stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), ())
             try:
-                read = asyncio.create_task(stream(batch(create("read")), timeout=30))
-                await holding.wait()  # the scheduler has read the batch and is creating it
-                ending = asyncio.create_task(servicer.end_create_streams(grace_s=30))
-                await asyncio.sleep(0.05)
-                assert not ending.done(), "the stream ended before answering the batch it read"
-                release.set()
-                assert titles(await read) == ["read"]
-                await asyncio.wait_for(ending, 10)  # ended with its batch, not after the 30 s grace
-                await until(lambda: stream._stream is not None and stream._stream.broken is not None)
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await stream(batch(create("after")), timeout=10)
-                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-                assert from_rpc_error(refused.value).status == 503
+                yield _HeldScheduler(servicer, engine, stream, holding, release)
             finally:
                 await stream.close()
-        assert sum((await engine.store.count_by_state()).values()) == 1  # "read" only
     finally:
         await host.stop(0)
         db.close()
+
+
+async def test_a_stopping_scheduler_answers_what_it_read_and_ends_its_create_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream stays open as long as its gateway: a stopping scheduler must end it rather than
+    wait out its server's grace. The batch it read is answered first; then the stream ends, and
+    a new one is refused UNAVAILABLE (503) until a scheduler is back."""
+    async with held_scheduler(tmp_path, monkeypatch) as held:
+        stream = held.stream
+        read = asyncio.create_task(stream(batch(create("read")), timeout=30))
+        await held.holding.wait()  # the scheduler has read the batch and is creating it
+        ending = asyncio.create_task(held.servicer.end_create_streams(grace_s=30))
+        await asyncio.sleep(0.05)
+        assert not ending.done(), "the stream ended before answering the batch it read"
+        held.release.set()
+        assert titles(await read) == ["read"]
+        await asyncio.wait_for(ending, 10)  # ended with its batch, not after the 30 s grace
+        await until(lambda: stream._stream is not None and stream._stream.broken is not None)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stream(batch(create("after")), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert from_rpc_error(refused.value).status == 503
+        assert sum((await held.engine.store.count_by_state()).values()) == 1  # "read" only
 
 
 class _CountedRoom(asyncio.Semaphore):
@@ -330,51 +354,23 @@ async def test_a_stopping_scheduler_also_answers_a_batch_it_read_while_waiting_f
 ) -> None:
     """The reader holds a batch it read until one being answered leaves room. A stop then must
     not drop it (its creates would fail 503 though nothing went wrong): it is answered too."""
-    db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
-    db.migrate()
-    engine = Engine(Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])}), SchedulerStore(db))
-    servicer = SchedulerServicer(engine)
     rooms: list[_CountedRoom] = []
 
     def one_batch_at_a_time() -> asyncio.Semaphore:
         rooms.append(_CountedRoom(1))
         return rooms[-1]
 
-    monkeypatch.setattr(servicer, "_stream_room", one_batch_at_a_time)
-    host = await start_server(
-        "127.0.0.1:0",
-        [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
-        [],
-        security=NO_CALLER_AUTH,
-    )
-    real = engine.create_batch
-    holding, release = asyncio.Event(), asyncio.Event()
-
-    async def held_create_batch(requests: Any) -> Any:
-        holding.set()
-        await release.wait()
-        return await real(requests)
-
-    monkeypatch.setattr(engine, "create_batch", held_create_batch)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
-            stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), ())
-            try:
-                first = asyncio.create_task(stream(batch(create("first")), timeout=30))
-                await holding.wait()  # read, and being created: the room is full
-                second = asyncio.create_task(stream(batch(create("second")), timeout=30))
-                await until(lambda: rooms and rooms[0].waiting == 1)  # read, waiting for room
-                ending = asyncio.create_task(servicer.end_create_streams(grace_s=30))
-                release.set()
-                assert titles(await first) == ["first"]
-                assert titles(await second) == ["second"]
-                await asyncio.wait_for(ending, 10)
-            finally:
-                await stream.close()
-        assert sum((await engine.store.count_by_state()).values()) == 2
-    finally:
-        await host.stop(0)
-        db.close()
+    async with held_scheduler(tmp_path, monkeypatch, room=one_batch_at_a_time) as held:
+        first = asyncio.create_task(held.stream(batch(create("first")), timeout=30))
+        await held.holding.wait()  # read, and being created: the room is full
+        second = asyncio.create_task(held.stream(batch(create("second")), timeout=30))
+        await until(lambda: rooms and rooms[0].waiting == 1)  # read, waiting for room
+        ending = asyncio.create_task(held.servicer.end_create_streams(grace_s=30))
+        held.release.set()
+        assert titles(await first) == ["first"]
+        assert titles(await second) == ["second"]
+        await asyncio.wait_for(ending, 10)
+        assert sum((await held.engine.store.count_by_state()).values()) == 2
 
 
 class _WriteBreaks:
