@@ -17,7 +17,14 @@ Once a client's response has started and sent what was queued for it, the respon
 hands its connection over (``Subscription.take_over``, see ``sse_wire``): from then on the
 feed writes each event, encoded as an HTTP chunk once, straight to the client's
 transport, and the bound is the frames waiting in the transport's buffer (written while
-it was not empty). The fan-out yields to the loop every ``FANOUT_SLICE`` clients.
+it was not empty). The fan-out pauses every ``FANOUT_SLICE`` clients for ``FANOUT_PAUSE_S``:
+a sleep, not a bare yield, so the loop waits in its poll and the process gives up the CPU.
+With a bare yield every turn of a REST call's own (a cancel takes a dozen) came after one
+more slice of writes, and the writes took the CPU from the scheduler stopping the worker: with
+1,000 clients a cancel took 1.8-2.3x its idle time; with the pause 1.4-1.5x, and the frames
+reach the clients sooner at p99 (22-27 ms against 36-68: the first client is no longer
+behind another fan-out's writes), for 3 us of gateway CPU per frame sent against 4.5
+(``bench/bench_sse_scale.py``; docs/performance.md, "A fan-out that pauses").
 
 Each client keeps its place in the feed's log of frames (``Client.next``). Events that
 arrive while a fan-out is under way join the log at the next slice: the clients still to
@@ -49,7 +56,8 @@ log = structlog.get_logger("task_stream")
 
 Session = tuple[str, str]
 READY_TIMEOUT_S = 10.0
-FANOUT_SLICE = 50
+FANOUT_SLICE = 100
+FANOUT_PAUSE_S = 0.0003
 INBOX_EVENTS = 1024
 FINISHED = frozenset({pb.TASK_STATE_COMPLETED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
 EVENT_NAMES = {
@@ -202,9 +210,9 @@ class TaskStreams:
         while behind := [c for c in feed.clients if c.next < feed.end]:
             for start in range(0, len(behind), FANOUT_SLICE):
                 if start:
-                    # Let the control path (a REST cancel, a create) run between slices: one
-                    # slice of writes is all that is ahead of it, not every client.
-                    await asyncio.sleep(0)
+                    # Let the control path (a REST cancel, a create) and the other processes
+                    # run between slices (see the module's docstring for why a sleep).
+                    await asyncio.sleep(FANOUT_PAUSE_S)
                     absorb()
                 now, end = loop.time(), feed.end
                 # Most clients of a slice stand at the same place: one joined write for them all.

@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
+from gateway_http import task_stream
 from gateway_http.sse import BoundedEventStream, frame
 from gateway_http.sse_wire import chunk, expose_connection
 from gateway_http.task_stream import FANOUT_SLICE, TaskStreams
@@ -340,6 +341,58 @@ async def test_an_event_that_arrives_during_a_fan_out_joins_it_at_the_next_slice
     (feed,) = streams.feeds.values()
     assert feed.log == [] and all(c.next == feed.end for c in feed.clients), "the log is spent"
     for sub in [*subs, joiner]:
+        await sub.aclose()
+    await streams.close()
+
+
+class CountingTransport(DrainedTransport):
+    """Drains at once; each write records ``count()`` at that moment."""
+
+    def __init__(self, seen: list[int], count: Any) -> None:
+        super().__init__()
+        self.seen, self.count = seen, count
+
+    def write(self, data: Any) -> None:
+        super().write(data)
+        self.seen.append(self.count())
+
+
+async def test_between_slices_the_fan_out_pauses_and_ready_work_runs_all_its_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a bare yield between slices, a REST call got one step per slice: a cancel (a dozen
+    turns of its own) waited behind a dozen slices of writes. The fan-out sleeps between slices
+    instead, so work that is ready runs every step it can before the next slice."""
+    monkeypatch.setattr(task_stream, "FANOUT_PAUSE_S", 0.05)  # a pause no loaded machine misses
+    scheduler = FakeScheduler()
+    streams = TaskStreams(scheduler, buffer_frames=64)  # type: ignore[arg-type]
+    n = 2 * FANOUT_SLICE
+    subs = [await streams.open("a", "s") for _ in range(n)]
+    steps = [0]
+    started: list[asyncio.Future[None]] = []
+
+    async def rest_call() -> None:  # a dozen turns of its own
+        for _ in range(12):
+            await asyncio.sleep(0)
+            steps[0] += 1
+
+    def count() -> int:
+        if len(seen) == FANOUT_SLICE - 1:  # this is the first slice's last write
+            started.append(asyncio.ensure_future(rest_call()))
+        return steps[0]
+
+    seen: list[int] = []
+    transports = [CountingTransport(seen, count) for _ in range(n)]
+    for sub, transport in zip(subs, transports, strict=True):
+        assert sub.take_over(transport) is not None
+    scheduler.calls[0].events.put_nowait(event("t1", pb.TASK_STATE_RUNNING, 1, progress=pb.Progress(text="0")))
+    async with asyncio.timeout(10):
+        while len(seen) < n:
+            await asyncio.sleep(0.01)
+    assert seen[:FANOUT_SLICE] == [0] * FANOUT_SLICE
+    assert seen[FANOUT_SLICE:] == [12] * FANOUT_SLICE, "the call ran to its end before the second slice"
+    await started[0]
+    for sub in subs:
         await sub.aclose()
     await streams.close()
 
