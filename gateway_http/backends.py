@@ -35,6 +35,7 @@ class Backends:
     timeout_s: float
     crons: crons_pb2_grpc.CronServiceStub
     creates: CreateBatches
+    create_stream: CreateStream  # what ``creates`` sends its batches through
     reads: SharedTaskReads
 
     @classmethod
@@ -42,6 +43,7 @@ class Backends:
         security = ClientSecurity.for_identity(settings, "gateway")
         channels = {name: aio_channel(getattr(settings, f"{name}_addr"), security) for name in BACKEND_NAMES}
         scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channels["scheduler"])
+        create_stream = CreateStream(scheduler, security.metadata)
         return cls(
             channels=channels,
             scheduler=scheduler,
@@ -49,7 +51,8 @@ class Backends:
             notifier=notifier_pb2_grpc.NotifierServiceStub(channels["notifier"]),
             timeout_s=settings.rpc_timeout_ms / 1000,
             crons=crons_pb2_grpc.CronServiceStub(channels["scheduler"]),
-            creates=CreateBatches(scheduler, send=CreateStream(scheduler, security.metadata)),
+            creates=CreateBatches(scheduler, send=create_stream),
+            create_stream=create_stream,
             reads=SharedTaskReads(scheduler),
         )
 
@@ -77,6 +80,5 @@ class Backends:
         return dict(results)
 
     async def close(self) -> None:
-        if isinstance(self.creates.send, CreateStream):
-            await self.creates.send.close()
+        await self.create_stream.close()
         await asyncio.gather(*(c.close() for c in self.channels.values()))
