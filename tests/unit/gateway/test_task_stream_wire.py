@@ -363,7 +363,7 @@ async def test_between_slices_the_fan_out_pauses_and_ready_work_runs_all_its_ste
     """With a bare yield between slices, a REST call got one step per slice: a cancel (a dozen
     turns of its own) waited behind a dozen slices of writes. The fan-out sleeps between slices
     instead, so work that is ready runs every step it can before the next slice."""
-    monkeypatch.setattr(task_stream, "FANOUT_PAUSE_S", 0.05)  # a pause no loaded machine misses
+    monkeypatch.setattr(task_stream, "FANOUT_PAUSE_S", 0.3)  # long enough for a loaded machine
     scheduler = FakeScheduler()
     streams = TaskStreams(scheduler, buffer_frames=64)  # type: ignore[arg-type]
     n = 2 * FANOUT_SLICE
