@@ -33,6 +33,12 @@ def start_eagerly(coro: Coroutine[Any, Any, T], name: str | None = None) -> asyn
         finished: asyncio.Future[T] = loop.create_future()
         finished.set_result(done.value)
         return finished
+    except asyncio.CancelledError:  # cancelled itself: a cancelled outcome, as a task's
+        cancelled: asyncio.Future[T] = loop.create_future()
+        cancelled.cancel()
+        return cancelled
+    except (KeyboardInterrupt, SystemExit):  # as from a task's step: not kept, raised on
+        raise
     except BaseException as exc:  # noqa: BLE001 - its outcome, as a task would hold it
         failed: asyncio.Future[T] = loop.create_future()
         failed.set_exception(exc)

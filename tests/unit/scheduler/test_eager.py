@@ -64,6 +64,24 @@ async def test_errors_are_its_outcome_before_and_after_a_wait() -> None:
         await late
 
 
+async def test_a_coroutine_that_cancels_itself_at_once_is_cancelled_as_a_task_would_be() -> None:
+    async def gives_up() -> None:
+        raise asyncio.CancelledError
+
+    outcome = start_eagerly(gives_up())
+    assert outcome.cancelled(), "a cancelled outcome, not an error holding CancelledError"
+    with pytest.raises(asyncio.CancelledError):
+        await outcome
+
+
+async def test_an_interrupt_in_the_first_step_goes_on_up_as_from_a_task() -> None:
+    async def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        start_eagerly(interrupted())
+
+
 async def test_the_error_of_what_it_waits_for_is_raised_inside_it() -> None:
     gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
