@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from libs.db import Database
-from libs.grpc_server import NO_CALLER_AUTH, start_server
+from libs.grpc_server import NO_CALLER_AUTH, ServerSecurity, ServiceHost, start_server
 from libs.settings import Settings, WorkerProfile
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer
@@ -20,9 +20,11 @@ ServedScheduler = tuple[Engine, pb_grpc.SchedulerServiceStub]
 
 
 @asynccontextmanager
-async def served_scheduler(data_dir: Path, profile: str = "w") -> AsyncIterator[ServedScheduler]:
-    """An engine (one worker profile ``profile`` running `true`, nothing dispatching) and a stub
-    calling its servicer (also the event-stream benchmark's server)."""
+async def scheduler_server(
+    data_dir: Path, profile: str = "w", security: ServerSecurity = NO_CALLER_AUTH
+) -> AsyncIterator[tuple[Engine, SchedulerServicer, ServiceHost]]:
+    """An engine (one worker profile ``profile`` running `true`, nothing dispatching), its
+    servicer, and the in-process server serving it on a loopback port."""
     db = Database(f"sqlite:///{data_dir / 's.db'}", MIGRATIONS)
     db.migrate()
     settings = Settings(data_dir=data_dir, workers={profile: WorkerProfile(command=["true"])})
@@ -32,12 +34,21 @@ async def served_scheduler(data_dir: Path, profile: str = "w") -> AsyncIterator[
         "127.0.0.1:0",
         [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
         [],
-        security=NO_CALLER_AUTH,
+        security=security,
     )
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{host.port}")
     try:
-        yield engine, pb_grpc.SchedulerServiceStub(channel)
+        yield engine, servicer, host
     finally:
-        await channel.close()
         await host.server.stop(0)
         db.close()
+
+
+@asynccontextmanager
+async def served_scheduler(data_dir: Path, profile: str = "w") -> AsyncIterator[ServedScheduler]:
+    """``scheduler_server`` and a stub calling it (also the event-stream benchmark's server)."""
+    async with scheduler_server(data_dir, profile) as (engine, _, host):
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{host.port}")
+        try:
+            yield engine, pb_grpc.SchedulerServiceStub(channel)
+        finally:
+            await channel.close()

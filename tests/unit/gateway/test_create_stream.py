@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import pytest
@@ -19,17 +19,14 @@ from prometheus_client import REGISTRY
 
 from gateway_http.create_stream import CreateStream
 from gateway_http.errors import from_rpc_error
-from libs.db import Database
 from libs.grpc_client import ClientSecurity, aio_channel
-from libs.grpc_server import NO_CALLER_AUTH, ServerSecurity, start_server
+from libs.grpc_server import ServerSecurity
 from libs.internal_auth import CallerAuth
-from libs.settings import Settings, WorkerProfile
 from services.scheduler.engine import Engine
 from services.scheduler.servicer import SchedulerServicer
-from services.scheduler.store import MIGRATIONS, SchedulerStore
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.support.scheduler_rpc import served_scheduler
+from tests.support.scheduler_rpc import scheduler_server, served_scheduler
 from tests.support.waiting import until
 
 SERVICE = "taskgate.scheduler.v1.SchedulerService"
@@ -197,18 +194,9 @@ async def test_a_scheduler_without_the_stream_gets_create_tasks_calls() -> None:
 async def test_only_the_gateway_with_its_credential_may_open_the_stream(tmp_path: Path) -> None:
     """The stream is authenticated like any call: without a credential, or as a caller outside
     the method's list, it is refused; the gateway's credential opens it."""
-    db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
-    db.migrate()
-    engine = Engine(Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])}), SchedulerStore(db))
-    servicer = SchedulerServicer(engine)
     secrets = {"gateway": "gateway-secret", "notifier": "notifier-secret"}
-    host = await start_server(
-        "127.0.0.1:0",
-        [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
-        [],
-        security=ServerSecurity(auth=CallerAuth.from_secrets(secrets)),
-    )
-    try:
+    callers = ServerSecurity(auth=CallerAuth.from_secrets(secrets))
+    async with scheduler_server(tmp_path, security=callers) as (engine, _, host):
         for identity, secret, code in (
             ("gateway", "wrong", grpc.StatusCode.UNAUTHENTICATED),
             ("notifier", "notifier-secret", grpc.StatusCode.PERMISSION_DENIED),
@@ -229,9 +217,6 @@ async def test_only_the_gateway_with_its_credential_may_open_the_stream(tmp_path
         assert sum((await engine.store.count_by_state()).values()) == 1
         # The interceptor saw the stream through: one duration (and log line) when it ended.
         await until(lambda: _streams_ended("OK") == ended_before + 1)
-    finally:
-        await host.stop(0)
-        db.close()
 
 
 async def test_a_fault_in_one_batch_is_its_internal_answer_and_the_stream_goes_on(
@@ -277,37 +262,24 @@ class _HeldScheduler:
 async def held_scheduler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: Callable[[], asyncio.Semaphore] | None = None
 ) -> AsyncIterator[_HeldScheduler]:
-    db = Database(f"sqlite:///{tmp_path / 's.db'}", MIGRATIONS)
-    db.migrate()
-    engine = Engine(Settings(data_dir=tmp_path, workers={"w": WorkerProfile(command=["true"])}), SchedulerStore(db))
-    servicer = SchedulerServicer(engine)
-    if room is not None:
-        monkeypatch.setattr(servicer, "_stream_room", room)
-    host = await start_server(
-        "127.0.0.1:0",
-        [lambda s: pb_grpc.add_SchedulerServiceServicer_to_server(servicer, s)],
-        [],
-        security=NO_CALLER_AUTH,
-    )
-    real = engine.create_batch
-    holding, release = asyncio.Event(), asyncio.Event()
+    async with scheduler_server(tmp_path) as (engine, servicer, host):
+        if room is not None:
+            monkeypatch.setattr(servicer, "_stream_room", room)
+        real = engine.create_batch
+        holding, release = asyncio.Event(), asyncio.Event()
 
-    async def held_create_batch(requests: Any) -> Any:
-        holding.set()
-        await release.wait()
-        return await real(requests)
+        async def held_create_batch(requests: Any) -> Any:
+            holding.set()
+            await release.wait()
+            return await real(requests)
 
-    monkeypatch.setattr(engine, "create_batch", held_create_batch)
-    try:
+        monkeypatch.setattr(engine, "create_batch", held_create_batch)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{host.port}") as channel:
             stream = CreateStream(pb_grpc.SchedulerServiceStub(channel), ())
             try:
                 yield _HeldScheduler(servicer, engine, stream, holding, release)
             finally:
                 await stream.close()
-    finally:
-        await host.stop(0)
-        db.close()
 
 
 async def test_a_stopping_scheduler_answers_what_it_read_and_ends_its_create_streams(
@@ -341,7 +313,7 @@ class _CountedRoom(asyncio.Semaphore):
         super().__init__(value)
         self.waiting = 0
 
-    async def acquire(self) -> bool:
+    async def acquire(self) -> Literal[True]:
         self.waiting += 1
         try:
             return await super().acquire()
