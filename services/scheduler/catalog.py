@@ -132,6 +132,7 @@ class TaskCatalog:
             request_id=request.request_id,
             workspace_mode="none",
             workspace_path="",
+            may_have_asked=False,
             execution_type=domain.GATEWAY_MANAGED,
             gateway_target=domain.GatewayTarget(
                 name=target.name,
@@ -148,8 +149,6 @@ class TaskCatalog:
     def _created(self, task: Task, stored: StoredEvent | None) -> Task:
         """A create committed (``stored`` None: an earlier task with its request id came back)."""
         rt = self.rt
-        if stored is not None:
-            rt.never_asked.add(task.task_id)
         rt.published(stored, task)
         rt.wake.set()
         return task
@@ -294,4 +293,5 @@ def _queued_worker_task(
         harness_model=profile.harness_model,
         workspace_mode=workspace_mode,
         workspace_path=str(workspace),
+        may_have_asked=False,
     )

@@ -100,7 +100,6 @@ class CronRunner:
         stored = await self.store.start_run(run, task)
         if stored is None:
             return None
-        rt.never_asked.add(task.task_id)
         rt.published(stored, task)
         rt.wake.set()
         log.info(

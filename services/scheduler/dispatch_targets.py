@@ -244,7 +244,7 @@ class TargetDispatcher:
         if task.state == State.WAITING_INPUT and task.pending_question and task.pending_question.text == text:
             return task  # the same question again
         domain.check_can_ask(task)
-        rt.never_asked.discard(task.task_id)
+        task = await rt.store.mark_may_have_asked(task, rt.clock.now_ms())
         request_id = f"{task.task_id}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
         question = await rt.questions.ask(task.task_id, task.session_id, text, request_id)
         pending = domain.PendingQuestion(question_id=question.question_id, text=text, revision=question.revision)

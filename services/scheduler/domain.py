@@ -363,6 +363,11 @@ class Task(BaseModel):
     gateway_dispatch: GatewayDispatch | None = None
     # Every tool the task's workers reported, by name (exact; recent_tools keeps only the last few).
     tool_counts: dict[str, int] = Field(default_factory=dict)
+    # Whether the pending-registry may hold a question of this task, so that its end must close
+    # them there (``closes_questions``): False when created, set and committed before a question
+    # is first sent to the registry, never cleared. Durable, so any replica or a restarted
+    # scheduler that ends the task knows it; a row written before the field existed reads True.
+    may_have_asked: bool = True
     # Per-task revision of the stored snapshot: +1 on every committed change (store.update_task).
     # Watchers drop an event older than what they already sent (publishes may reorder across
     # database threads), so a client never sees an older snapshot after a newer one.

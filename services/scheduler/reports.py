@@ -112,7 +112,7 @@ class WorkerReports:
             event_type = "task.state_changed"
         else:
             request_id = f"{live.attempt.attempt_id}-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
-            self.rt.never_asked.discard(task.task_id)  # before the registry may hold a question of it
+            task = await self.rt.store.mark_may_have_asked(task, self.rt.clock.now_ms())
             question = await questions.ask(task.task_id, task.session_id, text, request_id)
             pending = domain.PendingQuestion(question_id=question.question_id, text=text, revision=question.revision)
         if task.state == domain.State.WAITING_INPUT and task.pending_question == pending:

@@ -141,11 +141,6 @@ class Runtime:
         self.questions_wake = asyncio.Event()  # the question closer looks at its outbox when set
         self.background: set[asyncio.Task[Any]] = set()
         self.closing = False
-        # Tasks created by this incarnation that have not asked a question: their ending
-        # needs no CancelQuestions call to the pending-registry. A task of an earlier
-        # incarnation may have asked before a crash, so it is never in here.
-        self.never_asked: set[str] = set()
-        store.may_have_asked = lambda task: task.task_id not in self.never_asked or task.pending_question is not None
         # The worker API's address for a worker uid (see ``worker_api.WorkerSockets``).
         self.worker_addr: Callable[[int | None], str] = worker_addr or (lambda uid: "")
         self.ownership = Ownership(table_reader, self.leader_pids, reap_unknown_orphans)
@@ -229,7 +224,5 @@ class Runtime:
             self.metrics.published(stored.type, stored.at, stored.previous, task, self.clock.now_ms())
             if stored.closes_questions:
                 self.questions_wake.set()  # its question-close outbox row was committed with it
-            if task.terminal and stored.type == "task.state_changed":
-                self.never_asked.discard(task.task_id)
         elif event_type is not None:
             self.hub.publish(event_type, self.clock.now_ms(), task)

@@ -586,9 +586,6 @@ class SchedulerStore:
             db, before_commit=self.send_notifications, before_units=self._lock_batch if self.postgres else None
         )
         self._run = self.group.run
-        # Whether a task that is ending may hold a question in the pending-registry; the
-        # runtime narrows it (a task of this incarnation that never asked needs no close).
-        self.may_have_asked: Callable[[Task], bool] = lambda task: True
 
     # --- tasks -------------------------------------------------------------
 
@@ -838,10 +835,28 @@ class SchedulerStore:
 
         return await self._run(LockingUnit(work, task_id))
 
+    async def mark_may_have_asked(self, task: Task, at: int) -> Task:
+        """``task`` with ``may_have_asked`` set and committed (no event: nothing a watcher
+        shows changed). Called before a question of the task is first sent to the
+        pending-registry, so that whichever scheduler ends the task — another replica, or this
+        one after a crash between the two — closes it there."""
+        if task.may_have_asked:
+            return task
+
+        def mark(t: Task) -> Task | None:
+            if t.may_have_asked:
+                return None
+            t.may_have_asked = True
+            return t
+
+        marked, _ = await self.update_task(task.task_id, mark, None, at)
+        return marked
+
     def _queue_question_close(self, s: Tx, before: Task, after: Task, at: int) -> bool:
         """An ending task's question-close outbox row, in the ending transaction (once).
-        True when the task has one now (the closer has work)."""
-        if not (closes_questions(before, after) and self.may_have_asked(before)):
+        True when the task has one now (the closer has work). None for a task that never sent
+        a question to the registry (``Task.may_have_asked``): no call to the registry at its end."""
+        if not (closes_questions(before, after) and before.may_have_asked):
             return False
         if not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": after.task_id}):
             _INSERT_QUESTION_CLOSE.execute(s, {"task_id": after.task_id, "attempts": 0, "next_at": at})

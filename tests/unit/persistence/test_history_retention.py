@@ -39,7 +39,7 @@ from services.scheduler.domain import Attempt, State, Task, TaskNotFound
 from services.scheduler.history_retention import HistoryPruned, HistoryRetention
 from services.scheduler.store import MIGRATIONS, PrunedTasks, SchedulerStore
 from tests.support.procs import REPO
-from tests.unit.persistence.test_stores import make_task
+from tests.unit.persistence.test_stores import make_task as stored_task
 
 CUTOFF = 5000
 
@@ -48,11 +48,9 @@ def tid(n: int) -> str:
     return f"{n:032x}"
 
 
-def quiet_store(db: Database) -> SchedulerStore:
-    """A store whose ending tasks never asked a question: no question-close rows."""
-    store = SchedulerStore(db)
-    store.may_have_asked = lambda task: False
-    return store
+def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000, **kw: object) -> Task:
+    """A task that never asked a question (its end leaves no question-close row) unless ``kw`` says."""
+    return stored_task(task_id, state, created_at, **{"may_have_asked": False, **kw})
 
 
 async def finish(store: SchedulerStore, task_id: str, state: State, at: int) -> None:
@@ -71,7 +69,7 @@ def count(db: Database, table: str, task_id: str | None = None) -> int:
 
 
 async def test_finished_tasks_older_than_the_cutoff_go_with_their_events_and_attempts(scheduler_db: Database) -> None:
-    store = quiet_store(scheduler_db)
+    store = SchedulerStore(scheduler_db)
     # Ended before the cutoff: completed (with an attempt), failed, cancelled.
     await store.create_task(make_task(tid(1), state=State.RUNNING, created_at=1000))
     await store.save_attempt(Attempt(attempt_id="a" * 32, task_id=tid(1), number=1, boot_id="b", token_hash="h" * 64))
@@ -99,8 +97,8 @@ async def test_finished_tasks_older_than_the_cutoff_go_with_their_events_and_att
 
 
 async def test_a_task_with_a_question_still_to_close_stays_until_it_is_closed(scheduler_db: Database) -> None:
-    store = SchedulerStore(scheduler_db)  # every ending task may have asked: each leaves a close row
-    await store.create_task(make_task(tid(1), state=State.RUNNING, created_at=1000))
+    store = SchedulerStore(scheduler_db)
+    await store.create_task(make_task(tid(1), state=State.RUNNING, created_at=1000, may_have_asked=True))
     await finish(store, tid(1), State.COMPLETED, 2000)
     await store.create_task(make_task(tid(2), created_at=9000))  # the log's newest event
 
@@ -110,7 +108,7 @@ async def test_a_task_with_a_question_still_to_close_stays_until_it_is_closed(sc
 
 
 async def test_a_sub_task_that_stays_keeps_every_task_above_it(scheduler_db: Database) -> None:
-    store = quiet_store(scheduler_db)
+    store = SchedulerStore(scheduler_db)
     root, child, grandchild = tid(1), tid(2), tid(3)
     await store.create_task(make_task(root, state=State.COMPLETED, created_at=1000))
     await store.create_task(make_task(child, state=State.COMPLETED, created_at=1001, parent_task_id=root, depth=1))
@@ -135,7 +133,7 @@ async def test_a_sub_task_that_stays_keeps_every_task_above_it(scheduler_db: Dat
 async def test_kept_candidates_never_hold_back_the_ones_after_them(scheduler_db: Database) -> None:
     """Trees kept for a sub-task that never ends (paused) come first in the index, as many as a
     batch holds: the pass skips them and deletes what is behind them."""
-    store = quiet_store(scheduler_db)
+    store = SchedulerStore(scheduler_db)
     roots = [tid(n) for n in (1, 2, 3)]
     for i, root in enumerate(roots):
         child, grandchild = tid(10 + i), tid(20 + i)
@@ -158,7 +156,7 @@ async def test_kept_candidates_never_hold_back_the_ones_after_them(scheduler_db:
 async def test_the_newest_event_s_task_stays_so_event_ids_never_go_back(scheduler_db: Database) -> None:
     """SQLite gives the highest rowid again once its row is deleted: a follower whose cursor is
     at that id would never read the next events. The newest event's task is kept for that."""
-    store = quiet_store(scheduler_db)
+    store = SchedulerStore(scheduler_db)
     for n in range(1, 6):
         await store.create_task(make_task(tid(n), state=State.COMPLETED, created_at=1000 + n))
     newest = await store.last_event_id()
@@ -176,7 +174,7 @@ async def test_concurrent_passes_delete_each_task_once(db_url: str) -> None:
     dbs = [Database(db_url, MIGRATIONS) for _ in range(2)]
     dbs[0].migrate()
     try:
-        stores = [quiet_store(db) for db in dbs]
+        stores = [SchedulerStore(db) for db in dbs]
         for n in range(1, 201):
             await stores[0].create_task(make_task(tid(n), state=State.COMPLETED, created_at=1000 + n))
         await stores[0].create_task(make_task(tid(999), created_at=9000))
@@ -196,7 +194,7 @@ async def test_concurrent_passes_delete_each_task_once(db_url: str) -> None:
 
 
 async def test_a_pass_deletes_batch_after_batch_at_the_configured_age(scheduler_db: Database) -> None:
-    store = quiet_store(scheduler_db)
+    store = SchedulerStore(scheduler_db)
     day = 86_400_000
     for n in range(1, 13):
         await store.create_task(make_task(tid(n), state=State.FAILED, created_at=1000 + n))
@@ -218,7 +216,7 @@ async def test_cron_runs_that_ended_before_the_cutoff_go_and_open_ones_stay(db_u
     db = Database(db_url, CRON_MIGRATIONS)
     db.migrate()
     try:
-        store = quiet_store(db)
+        store = SchedulerStore(db)
         runs = CronStore(store)
 
         async def run(n: int, started_at: int, ended_at: int | None) -> None:
@@ -496,7 +494,7 @@ async def test_a_pass_killed_midway_leaves_whole_tasks_and_the_next_one_finishes
     db = Database(db_url, MIGRATIONS)
     db.migrate()
     try:
-        store = quiet_store(db)
+        store = SchedulerStore(db)
         total = 4000
         for start in range(0, total, 500):
             chunk = range(start, start + 500)

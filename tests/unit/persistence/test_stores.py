@@ -545,12 +545,16 @@ async def test_the_event_log_gives_each_event_its_own_task_as_recorded(scheduler
 
 async def test_an_ending_change_says_whether_it_left_the_question_closer_work(scheduler_db: Database) -> None:
     """The closer is woken (``Runtime.published``) only by a change that committed a
-    question-close row: a task known never to have asked ends without one."""
+    question-close row: a task known never to have asked ends without one. What it knows is in
+    the task's row (``may_have_asked``), so another store on the database — a replica, this
+    scheduler after a restart — knows it as well."""
     store = SchedulerStore(scheduler_db)
-    silent = {"1" * 32}
-    store.may_have_asked = lambda task: task.task_id not in silent
-    for task_id in ("1" * 32, "2" * 32):
-        await store.create_task(make_task(task_id, state=State.RUNNING))
+    await store.create_task(make_task("1" * 32, state=State.RUNNING, may_have_asked=False))
+    await store.create_task(make_task("2" * 32, state=State.RUNNING, may_have_asked=False))
+    asking = await store.get_task("2" * 32)
+    marked = await store.mark_may_have_asked(asking, 4000)
+    assert marked.may_have_asked and marked.updated_at == asking.updated_at, "an internal mark, not a change shown"
+    store = SchedulerStore(scheduler_db)  # the task ends elsewhere: nothing carried over in memory
 
     def done(t: Task) -> Task:
         t.state = State.COMPLETED

@@ -376,6 +376,46 @@ async def test_only_a_task_that_asked_has_its_questions_closed_at_its_end(tmp_pa
         await h.close()
 
 
+class OrderedRegistry(FakeRegistry):
+    """Records, at each question sent, whether the task's row already said it may have asked."""
+
+    def __init__(self, store: SchedulerStore) -> None:
+        super().__init__()
+        self.store = store
+        self.marked_first: list[bool] = []
+
+    async def ask(self, task_id: str, session_id: str, text: str, request_id: str) -> Any:
+        self.marked_first.append((await self.store.get_task(task_id)).may_have_asked)
+        return await super().ask(task_id, session_id, text, request_id)
+
+
+async def test_a_scheduler_that_did_not_create_a_task_knows_whether_it_asked(tmp_path: Path) -> None:
+    """What a task asked is in its row, not in the memory of the scheduler that created it: a
+    restarted scheduler (or another replica) ends a task that never asked without a call to the
+    registry, and closes the questions of one that did. The row says so before the registry
+    can hold the question, so a crash between the two still leaves the task closed at its end."""
+    first = await start_harness(tmp_path)
+    try:
+        quiet = await first.create("behave", [{"progress": "no questions"}])
+        asking = await first.create("behave", [{"ask": "go on?"}])
+    finally:
+        await first.close(db=False)
+    second = await start_harness(tmp_path, db=first.db)
+    registry = OrderedRegistry(second.engine.runtime.store)
+    second.engine.runtime.questions = registry
+    try:
+        assert await second.engine.dispatch_once() == 2
+        for task in (quiet, asking):
+            done = await second.wait(task.task_id, [State.COMPLETED, State.FAILED], timeout_s=60)
+            assert done.state == State.COMPLETED, done.failure
+        await second.engine.runtime.drain_background()
+        assert registry.marked_first == [True], "committed before the question was sent"
+        await second.engine.close_questions_once()
+        assert registry.closed == [asking.task_id]
+    finally:
+        await second.close()
+
+
 async def test_the_dispatch_loop_fills_a_freed_slot_while_another_launch_is_still_under_way(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -204,10 +204,11 @@ async def test_questions_of_a_finished_task_are_closed_through_an_outbox_until_c
     h.engine.questions = registry
     try:
         ended = await h.create("sleeper")
-        h.engine.runtime.never_asked.discard(ended.task_id)  # as if it had asked (or came from an earlier boot)
+        store = h.engine.runtime.store
+        await store.mark_may_have_asked(ended, h.clock.now)  # as a question sent to the registry does
         await h.engine.cancel(ended.task_id)  # queued → cancelled (user_canceled): its questions close
         paused = await h.create("sleeper")
-        h.engine.runtime.never_asked.discard(paused.task_id)
+        await store.mark_may_have_asked(paused, h.clock.now)
         await h.engine.cancel(paused.task_id, cause="paused")  # a pause keeps them
         assert await h.engine.close_questions_once() == 0 and registry.closed == []
         assert await h.engine.close_questions_once() == 0, "not due again before the backoff"
