@@ -279,7 +279,12 @@ class LostHosts:
 
 class EventRelay:
     """Other replicas' task events, read from the durable log and published to this one's
-    watchers (WatchTasks, SSE), so a change made anywhere is seen everywhere."""
+    watchers (WatchTasks, SSE), so a change made anywhere is seen everywhere.
+
+    With no one subscribed here, it reads the log's ids alone, to keep its place: a subscriber
+    reads its snapshot after subscribing, so what committed before is in that, and the relay
+    reads whole events again from its next read on. Events this replica wrote are counted, never
+    parsed: they were published here at their commit."""
 
     def __init__(self, rt: Runtime, gap_wait_ms: int) -> None:
         self.rt = rt
@@ -303,7 +308,12 @@ class EventRelay:
         while True:
             now = rt.clock.now_ms()
             gaps = {i: at for i, at in gaps.items() if now - at < self.gap_wait_ms}
-            ids, events = await rt.store.events_after(cursor, (), 500, gaps)
+            if rt.hub.subscriber_count:
+                ids, events = await rt.store.events_after(cursor, (), 500, gaps, skip_origin=rt.host_id)
+            else:
+                ids, events = await rt.store.event_ids_after(cursor, 500, gaps), []
+                if rt.hub.subscriber_count:
+                    continue  # subscribed during the read, maybe after its snapshot: read them whole
             fresh = [i for i in ids if i > cursor]
             if fresh:
                 for missing in set(range(cursor + 1, fresh[-1] + 1)) - set(fresh):

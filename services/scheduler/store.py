@@ -407,6 +407,14 @@ _EVENTS_AFTER = Direct(
     _events_with_tasks(EVENTS.c.id > sa.bindparam("sequence")).limit(sa.bindparam("limit")),
     returns=_EVENT_READ_COLUMNS,
 )
+# The same read's ids alone (no task documents: the index only).
+_EVENT_IDS_AFTER = Direct(
+    sa.select(EVENTS.c.id)
+    .where(EVENTS.c.id > sa.bindparam("sequence"))
+    .order_by(EVENTS.c.id)
+    .limit(sa.bindparam("limit")),
+    returns=["id"],
+)
 
 
 def _task_values(task: Task, new: bool) -> dict[str, Any]:
@@ -916,14 +924,21 @@ class SchedulerStore:
         await self._run(work)
 
     async def events_after(
-        self, sequence: int, types: Iterable[str], limit: int, recheck: Iterable[int] = ()
+        self,
+        sequence: int,
+        types: Iterable[str],
+        limit: int,
+        recheck: Iterable[int] = (),
+        skip_origin: str | None = None,
     ) -> tuple[list[int], list[StoredEvent]]:
         """Task events after ``sequence`` (and the ``recheck`` ids), oldest first.
 
         Returns every id read (so a follower can see gaps: on PostgreSQL a lower
         id can commit after a higher one) and the events of the wanted types,
         each with the task as it is now but the state and question the event
-        recorded.
+        recorded. Events whose origin is ``skip_origin`` count among the ids only
+        (a relay of the other hosts' events has no use for its own, nor for
+        parsing their tasks).
         """
         wanted = set(types)
         again = list(recheck)
@@ -933,8 +948,25 @@ class SchedulerStore:
                 rows = _rows(s, _events_with_tasks((EVENTS.c.id > sequence) | EVENTS.c.id.in_(again)).limit(limit))
             else:
                 rows = _EVENTS_AFTER.rows(s, {"sequence": sequence, "limit": limit})
-            picked = [r for r in rows if not wanted or r.type in wanted]
+            picked = [
+                r for r in rows if (not wanted or r.type in wanted) and (skip_origin is None or r.origin != skip_origin)
+            ]
             return [r.id for r in rows], _events_as_recorded(picked)
+
+        # Its own transaction, never in a group: it must see only what has committed
+        # (a follower acts on what it reads).
+        return await self.group.alone(work)
+
+    async def event_ids_after(self, sequence: int, limit: int, recheck: Iterable[int] = ()) -> list[int]:
+        """The ids ``events_after`` would return, without the events: what a reader with no one
+        to tell keeps its place (and its gaps) by, from the index alone."""
+        again = list(recheck)
+
+        def work(s: Tx) -> list[int]:
+            if again:
+                after = (EVENTS.c.id > sequence) | EVENTS.c.id.in_(again)
+                return [r.id for r in _rows(s, sa.select(EVENTS.c.id).where(after).order_by(EVENTS.c.id).limit(limit))]
+            return [r.id for r in _EVENT_IDS_AFTER.rows(s, {"sequence": sequence, "limit": limit})]
 
         # Its own transaction, never in a group: it must see only what has committed
         # (a follower acts on what it reads).

@@ -27,7 +27,8 @@ from libs.settings import WorkerProfile
 from services.scheduler import domain
 from services.scheduler.domain import Attempt, Cancellation, FailureCode, PendingOutcome, State, Task
 from services.scheduler.engine import Engine
-from services.scheduler.hosts import HostLease, default_host_id, scheduler_pg_settings
+from services.scheduler.events import EventHub
+from services.scheduler.hosts import EventRelay, HostLease, default_host_id, scheduler_pg_settings
 from services.scheduler.servicer import SchedulerServicer, WorkerServicer
 from services.scheduler.store import MIGRATIONS, NotOwner, SchedulerStore, SecondReplica
 from services.scheduler.worker_api import WorkerSockets, start_worker_server
@@ -213,6 +214,64 @@ async def test_replicas_claiming_at_once_take_disjoint_tasks(pg_db: Database) ->
     assert not set(rest) & set(got_a)
     owners = {t.task_id: t.owner_host for t in await a.tasks_in_states([State.QUEUED])}
     assert {owners[t] for t in got_a} == {"a"}
+
+
+@pytest.mark.postgres
+async def test_the_event_relay_reads_only_ids_until_someone_here_listens_then_only_other_hosts_events(
+    pg_db: Database,
+) -> None:
+    here, there = SchedulerStore(pg_db, "here"), SchedulerStore(pg_db, "there")
+    rt = SimpleNamespace(store=here, hub=EventHub(), clock=FakeClock(), host_id="here")
+    relay = EventRelay(rt, gap_wait_ms=10_000)  # type: ignore[arg-type]
+    whole_reads: list[int] = []
+    events_after = here.events_after
+
+    async def counted(*args: Any, **kw: Any) -> Any:
+        whole_reads.append(args[0])
+        return await events_after(*args, **kw)
+
+    here.events_after = counted  # type: ignore[method-assign]
+    t1, t2, t3, t4 = (new_task(i) for i in range(1, 5))
+    cursor = await here.last_event_id()
+    await there.create_task(t1)
+    await here.create_task(t2)
+    cursor, gaps = await relay.relay_once(cursor, {})
+    assert cursor == await here.last_event_id() and gaps == {}, "its place kept"
+    assert whole_reads == [], "no one here to tell: ids alone"
+
+    with rt.hub.subscribe(lambda _t: True) as sub:
+        await there.create_task(t3)
+        await here.create_task(t4)
+        cursor, _ = await relay.relay_once(cursor, {})
+        published = [sub.queue.get_nowait().task.task_id for _ in range(sub.queue.qsize())]
+    assert published == [t3.task_id], "only the other host's: its own were published at commit"
+    assert cursor == await here.last_event_id() and len(whole_reads) == 1
+    ids, events = await events_after(0, (), 100, skip_origin="here")
+    assert len(ids) == 4 and [e.task.task_id for e in events] == [t1.task_id, t3.task_id]
+
+
+@pytest.mark.postgres
+async def test_a_watcher_that_subscribes_during_an_ids_only_read_gets_the_events_it_read(pg_db: Database) -> None:
+    """The relay saw no subscriber and read ids alone; one subscribed meanwhile, possibly after
+    its snapshot was read and before those events: the relay reads them again, whole."""
+    here, there = SchedulerStore(pg_db, "here"), SchedulerStore(pg_db, "there")
+    rt = SimpleNamespace(store=here, hub=EventHub(), clock=FakeClock(), host_id="here")
+    relay = EventRelay(rt, gap_wait_ms=10_000)  # type: ignore[arg-type]
+    cursor = await here.last_event_id()
+    elsewhere = await there.create_task(new_task(1))
+    ids_after = here.event_ids_after
+    with contextlib.ExitStack() as stack:
+
+        async def subscribing(*args: Any) -> list[int]:
+            ids = await ids_after(*args)
+            if not rt.hub.subscriber_count:
+                stack.enter_context(rt.hub.subscribe(lambda _t: True))
+            return ids
+
+        here.event_ids_after = subscribing  # type: ignore[method-assign]
+        await relay.relay_once(cursor, {})
+        (sub,) = rt.hub._subscriptions
+        assert [sub.queue.get_nowait().task.task_id for _ in range(sub.queue.qsize())] == [elsewhere[0].task_id]
 
 
 @pytest.mark.postgres
