@@ -277,6 +277,13 @@ class LostHosts:
         return result
 
 
+# How long a busy relay lets other replicas' commits gather before its next read (a read
+# that found events: each NOTIFY would otherwise cost a read of its own). With three replicas
+# under load, reads per task 0.29 -> 0.19 on the replica with subscribers, for at most 10 ms
+# more before its watchers see another replica's change.
+RELAY_BUSY_COALESCE_S = 0.01
+
+
 class EventRelay:
     """Other replicas' task events, read from the durable log and published to this one's
     watchers (WatchTasks, SSE), so a change made anywhere is seen everywhere.
@@ -298,7 +305,10 @@ class EventRelay:
         while not rt.closing:
             await woken(rt.events_wake, 0.5 if gaps else poll)
             try:
+                before = cursor
                 cursor, gaps = await self.relay_once(cursor, gaps)
+                if cursor != before:  # busy: let the next commits gather (a lone one is read at once)
+                    await asyncio.sleep(RELAY_BUSY_COALESCE_S)
             except Exception:
                 log.exception("event_relay_failed")
                 await asyncio.sleep(poll)
