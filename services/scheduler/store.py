@@ -862,8 +862,8 @@ class SchedulerStore:
 
     def _queue_question_close(self, s: Tx, before: Task, after: Task, at: int) -> bool:
         """An ending task's question-close outbox row, in the ending transaction (once).
-        True when the task has one now (the closer has work). None for a task that never sent
-        a question to the registry (``Task.may_have_asked``): no call to the registry at its end."""
+        True when the task has one now (the closer has work). A task that never sent a question
+        to the registry (``Task.may_have_asked``) gets none: no call to the registry at its end."""
         if not (closes_questions(before, after) and before.may_have_asked):
             return False
         if not _rows(s, _SELECT_QUESTION_CLOSE, {"task_id": after.task_id}):
