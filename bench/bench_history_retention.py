@@ -62,6 +62,7 @@ def task(i: int, state: State, at: int) -> Task:
         state=state,
         created_at=at,
         updated_at=at,
+        may_have_asked=False,  # no question-close rows: every finished task is prunable
     )
 
 
@@ -189,7 +190,6 @@ async def scheduler_pass(tmp: Path) -> None:
     db = Database(f"sqlite:///{tmp / 'scheduler.db'}", MIGRATIONS)
     db.migrate()
     store = SchedulerStore(db)
-    store.may_have_asked = lambda t: False  # no question-close rows: every finished task is prunable
     await fill(store)
     size_before = (tmp / "scheduler.db").stat().st_size
     rt = SimpleNamespace(store=store, closing=False, tasks_cfg=SimpleNamespace(finished_task_retention_ms=RETENTION_MS))
