@@ -57,6 +57,8 @@ from tests.support.procs import free_port  # noqa: E402
 
 PEERS_PYTHON = REPO / "var" / "bench-peers-venv" / "bin" / "python"
 DOCS = REPO / "docs" / "bench"
+# Where a run's data goes unless --data-root says (a new folder per run, removed at its end).
+SCRATCH_DATA = REPO / "var" / "bench-peers" / "data"
 SYSTEMS = (TASKGATE, "huey", "procrastinate", "celery", SPAWN_SEQUENTIAL, SPAWN_PARALLEL)
 QUICK_N, QUICK_ROUNDS = 200, 1
 # Five rounds by default: one system's rounds spread widely here (procrastinate 566-735 tasks/s
@@ -237,13 +239,15 @@ def run_all(wanted: list[str], peers: Path, n: int, rounds: int, data_root: Path
     """Round 1 of every system, then round 2 of every system, ...: a change in the machine's load
     during the run falls on all of them, not on whichever system happened to run then.
 
-    The systems' data goes to a new folder under ``data_root`` (kept) or the temporary folder
-    (removed at the end)."""
+    The systems' data goes to a new folder under ``data_root`` (kept) or under ``SCRATCH_DATA``
+    (removed at the end): not the system's temporary folder, where the benchmarks and tests run
+    before it have just deleted thousands of files — on ext4 without a journal each of taskgate's
+    per-worker log files would pay for those deletions, and the peers make no file per task."""
     figures: dict[str, list[RoundFigures]] = {key: [] for key in wanted}
     versions: dict[str, str] = {}
-    if data_root is not None:
-        data_root.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix="taskgate-bench-peers-", dir=data_root))
+    parent = data_root if data_root is not None else SCRATCH_DATA
+    parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="taskgate-bench-peers-", dir=parent))
     try:
         with ExitStack() as services:
             runners = round_runners(wanted, peers, n, workdir, services)
