@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TypedDict
 
 import grpc
 import httpx
@@ -509,11 +510,11 @@ async def throughput_round(
             store = store_per_task(store_before, store_after, n)
             steps = launch_step_means_ms(steps_before, steps_after)
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
-            base = f"{stack.http_url}{path.removesuffix('/tasks')}"
-            r = await http.get(f"{base}/tasks", params={"all": "true", "page_size": 1})
+            session_url = f"{stack.http_url}{path.removesuffix('/tasks')}"
+            r = await http.get(f"{session_url}/tasks", params={"all": "true", "page_size": 1})
             completed = r.json()["total"]
             assert completed == n, completed
-            latencies = await task_latencies_ms(http, base)
+            latencies = await task_latencies_ms(http, session_url)
         await profile.stop()
         figures = {
             **store,
@@ -540,16 +541,26 @@ PG_URL: str | None = None
 # b6d31ca 32 and 64 in flight ran 720-727 and 767 tasks/s against 662 (docs/performance.md).
 CREATES_IN_FLIGHT = 16
 
+
 # The throughput run's [tasks] settings. The supervisor's and the telemetry agent's timers are at
 # their shipped defaults (1 s, 15 s): the tests' stack ticks them every 100 / 200 ms, which cost
 # the scheduler ~30 ms of CPU a second even when idle and the telemetry agent a process-table
 # read per tick.
-THROUGHPUT_SETTINGS = {
-    "max_running": 64,
-    "cancel_grace_ms": 1000,
-    "supervisor_interval_ms": 1000,
-    "observation_interval_ms": 15000,
-}
+class StackTimers(TypedDict, total=False):
+    """``[tasks]`` settings a benchmark's stack overrides (``make_stack``'s ``**tasks``)."""
+
+    max_running: int
+    cancel_grace_ms: int
+    supervisor_interval_ms: int
+    observation_interval_ms: int
+
+
+THROUGHPUT_SETTINGS = StackTimers(
+    max_running=64,
+    cancel_grace_ms=1000,
+    supervisor_interval_ms=1000,
+    observation_interval_ms=15000,
+)
 
 
 async def throughput_main(

@@ -34,20 +34,20 @@ class _Frozen(BaseModel):
 
 
 class TaskSettings(_Frozen):
-    max_running: int = Field(4, ge=1, le=1024)
-    idle_timeout_ms: int = Field(300_000, ge=0)
-    first_report_timeout_ms: int = Field(120_000, ge=0)
-    progress_stale_limit_ms: int = Field(7_200_000, ge=0)
-    max_duration_ms: int = Field(0, ge=0)
-    background_grace_ms: int = Field(900_000, ge=0)
-    cancel_grace_ms: int = Field(5_000, ge=0)
+    max_running: int = Field(default=4, ge=1, le=1024)
+    idle_timeout_ms: int = Field(default=300_000, ge=0)
+    first_report_timeout_ms: int = Field(default=120_000, ge=0)
+    progress_stale_limit_ms: int = Field(default=7_200_000, ge=0)
+    max_duration_ms: int = Field(default=0, ge=0)
+    background_grace_ms: int = Field(default=900_000, ge=0)
+    cancel_grace_ms: int = Field(default=5_000, ge=0)
     # How long after SIGKILL the scheduler looks for proof that the tree is gone.
-    cleanup_confirm_ms: int = Field(3_000, ge=0)
-    observation_interval_ms: int = Field(15_000, ge=50)
+    cleanup_confirm_ms: int = Field(default=3_000, ge=0)
+    observation_interval_ms: int = Field(default=15_000, ge=50)
     # Period of the one supervisor loop (timers and descendant recording).
-    supervisor_interval_ms: int = Field(1_000, ge=10)
-    recent_tools: int = Field(20, ge=1, le=1000)
-    observed_paths: int = Field(200, ge=1, le=10_000)
+    supervisor_interval_ms: int = Field(default=1_000, ge=10)
+    recent_tools: int = Field(default=20, ge=1, le=1000)
+    observed_paths: int = Field(default=200, ge=1, le=10_000)
     # How the scheduler proves a stopped attempt left nothing behind: "cgroup" (a
     # cgroup per attempt — v2, else the v1 freezer — plus the subreaper),
     # "cgroup_v1" (the v1 freezer only), "subreaper" (the child subreaper and
@@ -65,31 +65,31 @@ class TaskSettings(_Frozen):
     worker_spawn: Literal["auto", "helper", "scheduler"] = "auto"
     # How many spawn helpers: each serves one spawn at a time (it waits for the worker's exec),
     # and under load launches queue for it; a launch goes to the one with the fewest waiting.
-    spawn_helpers: int = Field(2, ge=1, le=8)
+    spawn_helpers: int = Field(default=2, ge=1, le=8)
     # The Git project an "isolated-worktree" profile makes each task's worktree from
     # (a profile's own project_root wins). Empty: no project.
     project_root: str = ""
     # Worker logs (one file per attempt) not written to for this long are deleted, unless
     # their task runs on this host now; checked hourly. 0 keeps every log.
-    worker_log_retention_ms: int = Field(7 * 86_400_000, ge=0)
+    worker_log_retention_ms: int = Field(default=7 * 86_400_000, ge=0)
     # Finished tasks (completed, failed, cancelled) are deleted with their events and
     # attempts this long after they finished; checked hourly. 0 (the default) keeps them all.
-    finished_task_retention_ms: int = Field(0, ge=0)
+    finished_task_retention_ms: int = Field(default=0, ge=0)
     # Sub-task trees: how deep a worker's sub-tasks may nest (a root task is depth 0) and
     # how many sub-tasks one task may start.
-    max_subtask_depth: int = Field(3, ge=0, le=32)
-    max_subtasks_per_task: int = Field(8, ge=0, le=1000)
+    max_subtask_depth: int = Field(default=3, ge=0, le=32)
+    max_subtasks_per_task: int = Field(default=8, ge=0, le=1000)
     # FAULT INJECTION, tests only (0 = off): hold each launch this long after the
     # worker was released (its identity and `running` committed) and before its exit
     # is waited for, so a test can kill the scheduler exactly there.
-    fault_hold_launch_ms: int = Field(0, ge=0)
+    fault_hold_launch_ms: int = Field(default=0, ge=0)
     # Several scheduler hosts on one PostgreSQL: a host's claim on its tasks lasts
     # lease_ms past its last renewal (renewed every lease_ms / 3); another replica
     # marks a silent host's tasks HOST_LOST once host_lost_grace_ms more has passed.
-    lease_ms: int = Field(15_000, ge=300)
-    host_lost_grace_ms: int = Field(15_000, ge=0)
+    lease_ms: int = Field(default=15_000, ge=300)
+    host_lost_grace_ms: int = Field(default=15_000, ge=0)
     # The slow safety poll behind LISTEN/NOTIFY wake-ups (PostgreSQL).
-    safety_poll_ms: int = Field(5_000, ge=50)
+    safety_poll_ms: int = Field(default=5_000, ge=50)
 
     @classmethod
     def _aliases(cls, raw: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +174,7 @@ class CronJob(_Frozen):
     profile: str = ""
     # Bounds a run: past it the task is cancelled and the run ends timed_out (and a
     # manual run's wait ends with it).
-    timeout_ms: int = Field(3_600_000, ge=100)
+    timeout_ms: int = Field(default=3_600_000, ge=100)
     # false: never fired on its schedule; manual runs still work.
     enabled: bool = True
 
@@ -193,7 +193,7 @@ class SkillArg(_Frozen):
 
     type: Literal["string", "integer", "number", "boolean"] = "string"
     required: bool = False
-    max_length: int = Field(1000, ge=1, le=65536)
+    max_length: int = Field(default=1000, ge=1, le=65536)
     enum: list[str | int | float | bool] | None = None
 
 
@@ -227,10 +227,10 @@ class TargetConfig(_Frozen):
     # item 2, not built yet: a safemode target refuses every dispatch).
     safemode: bool = False
     # One POST of the request / how long an acknowledged request may wait for its outcome.
-    dispatch_timeout_ms: int = Field(10_000, ge=50)
-    outcome_timeout_ms: int = Field(3_600_000, ge=100)
+    dispatch_timeout_ms: int = Field(default=10_000, ge=50)
+    outcome_timeout_ms: int = Field(default=3_600_000, ge=100)
     # > 0: also ask the target for the outcome (GET <url>/<requestId>) at this period.
-    poll_interval_ms: int = Field(0, ge=0)
+    poll_interval_ms: int = Field(default=0, ge=0)
 
     @field_validator("url")
     @classmethod
@@ -263,8 +263,8 @@ class ChannelConfig(_Frozen):
     bot_token: SecretStr | None = None
     api_base_url: str = "https://api.telegram.org"
     # Telegram: long-poll wait of getUpdates, the live menu's refresh period.
-    poll_timeout_s: int = Field(25, ge=0, le=50)
-    menu_refresh_ms: int = Field(3000, ge=50)
+    poll_timeout_s: int = Field(default=25, ge=0, le=50)
+    menu_refresh_ms: int = Field(default=3000, ge=50)
 
     @field_validator("url", "api_base_url")
     @classmethod
@@ -288,29 +288,29 @@ class ChannelConfig(_Frozen):
 
 
 class NotifierSettings(_Frozen):
-    sse_heartbeat_ms: int = Field(15_000, ge=50)
+    sse_heartbeat_ms: int = Field(default=15_000, ge=50)
     # Frames buffered per SSE client; a client that lets it fill is disconnected.
-    sse_client_buffer: int = Field(256, ge=8, le=100_000)
-    retry_initial_ms: int = Field(5_000, ge=10)
-    retry_max_ms: int = Field(300_000, ge=10)
-    delivery_timeout_ms: int = Field(10_000, ge=50)
+    sse_client_buffer: int = Field(default=256, ge=8, le=100_000)
+    retry_initial_ms: int = Field(default=5_000, ge=10)
+    retry_max_ms: int = Field(default=300_000, ge=10)
+    delivery_timeout_ms: int = Field(default=10_000, ge=50)
     # Conversations delivered to at once (one notification in flight per conversation).
-    delivery_concurrency: int = Field(16, ge=1, le=1024)
+    delivery_concurrency: int = Field(default=16, ge=1, le=1024)
     # Activity frames kept per conversation for Last-Event-ID resume, and for how long.
-    activity_retention_frames: int = Field(1000, ge=1)
-    activity_retention_ms: int = Field(86_400_000, ge=1000)
+    activity_retention_frames: int = Field(default=1000, ge=1)
+    activity_retention_ms: int = Field(default=86_400_000, ge=1000)
     # Notifications done with (delivered; stopped and taken up by the conversation's next
     # user message) are deleted with their delivery attempts this long after they were made;
     # checked hourly. 0 (the default) keeps them all. The conversation's messages stay.
-    notification_retention_ms: int = Field(0, ge=0)
+    notification_retention_ms: int = Field(default=0, ge=0)
     # The conversation's history messages (with the final response snapshots behind them) and
     # its conversation events are deleted this long after they happened; checked hourly. 0
     # (the default) keeps the history whole.
-    conversation_retention_ms: int = Field(0, ge=0)
+    conversation_retention_ms: int = Field(default=0, ge=0)
     # Base of a question reminder's cooldown: 1x, 3x, then 6x for later reminders.
-    question_reminder_ms: int = Field(600_000, ge=1)
+    question_reminder_ms: int = Field(default=600_000, ge=1)
     # How long a snooze defers a question's reminders (one hour).
-    question_snooze_ms: int = Field(3_600_000, ge=1)
+    question_snooze_ms: int = Field(default=3_600_000, ge=1)
 
 
 class Settings(_Frozen):
@@ -332,13 +332,13 @@ class Settings(_Frozen):
     # The pending-registry deletes a task's questions this long after the scheduler closed them
     # because the task ended for good (a paused task's stay); checked hourly. 0 (the default)
     # keeps them all.
-    pending_question_retention_ms: int = Field(0, ge=0)
+    pending_question_retention_ms: int = Field(default=0, ge=0)
     notifier_db_url: str = ""
     gateway_db_url: str = ""
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    rpc_timeout_ms: int = Field(10_000, ge=100)
-    max_body_bytes: int = Field(256 * 1024, ge=1024)
+    rpc_timeout_ms: int = Field(default=10_000, ge=100)
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     # Internal gRPC: caller secrets live in secrets_dir (default <data_dir>/secrets);
     # TASKGATE_SECRET_<IDENTITY> sets one directly (kept out of reprs and logs).
     secrets_dir: Path | None = None
@@ -352,14 +352,14 @@ class Settings(_Frozen):
     tls_client_auth: bool = False
     # gRPC keep-alive ping interval; servers accept pings at twice this rate, so
     # an idle stream (a quiet watcher) is never cut for "too many pings".
-    grpc_keepalive_ms: int = Field(30_000, ge=100)
+    grpc_keepalive_ms: int = Field(default=30_000, ge=100)
     # Prometheus /metrics of each process (TASKGATE_<SERVICE>_METRICS_PORT); 0 = no endpoint.
     metrics_host: str = "127.0.0.1"
-    scheduler_metrics_port: int = Field(9451, ge=0, le=65535)
-    pending_metrics_port: int = Field(9452, ge=0, le=65535)
-    telemetry_metrics_port: int = Field(9453, ge=0, le=65535)
-    notifier_metrics_port: int = Field(9454, ge=0, le=65535)
-    gateway_metrics_port: int = Field(9455, ge=0, le=65535)
+    scheduler_metrics_port: int = Field(default=9451, ge=0, le=65535)
+    pending_metrics_port: int = Field(default=9452, ge=0, le=65535)
+    telemetry_metrics_port: int = Field(default=9453, ge=0, le=65535)
+    notifier_metrics_port: int = Field(default=9454, ge=0, le=65535)
+    gateway_metrics_port: int = Field(default=9455, ge=0, le=65535)
     config_path: Path | None = None
     tasks: TaskSettings = Field(default_factory=TaskSettings)  # type: ignore[arg-type]
     workers: dict[str, WorkerProfile] = Field(default_factory=dict)
@@ -368,7 +368,7 @@ class Settings(_Frozen):
     channels: dict[str, ChannelConfig] = Field(default_factory=dict)
     crons: dict[str, CronJob] = Field(default_factory=dict)
     # How often the scheduler looks for due cron ticks and finished or timed-out runs.
-    cron_poll_ms: int = Field(1_000, ge=10)
+    cron_poll_ms: int = Field(default=1_000, ge=10)
 
     @model_validator(mode="after")
     def _crons_valid(self) -> Settings:
