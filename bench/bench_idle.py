@@ -18,8 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_tasks import StackTimers  # noqa: E402
-from tests.support.stack import make_stack  # noqa: E402
+from tests.support.stack import StackTasks, make_stack  # noqa: E402
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
@@ -44,8 +43,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--test-timers", action="store_true", help="the tests' 100 / 200 ms timers")
     args = parser.parse_args()
-    shipped = StackTimers(supervisor_interval_ms=1000, observation_interval_ms=15000)
-    timers = StackTimers() if args.test_timers else shipped
+    shipped = StackTasks(supervisor_interval_ms=1000, observation_interval_ms=15000)
+    timers = StackTasks() if args.test_timers else shipped
     with tempfile.TemporaryDirectory() as tmp:
         stack = make_stack(Path(tmp), **timers)
         stack.start()

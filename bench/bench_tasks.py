@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TypedDict
 
 import grpc
 import httpx
@@ -56,7 +55,7 @@ from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc  # noqa: E402
 from tests.e2e.conftest import add_member, create_key  # noqa: E402
 from tests.support.postgres import PostgresUnavailable, throwaway_cluster  # noqa: E402
 from tests.support.procs import client_security  # noqa: E402
-from tests.support.stack import Stack, make_stack  # noqa: E402
+from tests.support.stack import Stack, StackTasks, make_stack  # noqa: E402
 
 AGENT, SESSION = "agent-1", "cli-bench"
 N_THROUGHPUT = 200
@@ -546,16 +545,7 @@ CREATES_IN_FLIGHT = 16
 # their shipped defaults (1 s, 15 s): the tests' stack ticks them every 100 / 200 ms, which cost
 # the scheduler ~30 ms of CPU a second even when idle and the telemetry agent a process-table
 # read per tick.
-class StackTimers(TypedDict, total=False):
-    """``[tasks]`` settings a benchmark's stack overrides (``make_stack``'s ``**tasks``)."""
-
-    max_running: int
-    cancel_grace_ms: int
-    supervisor_interval_ms: int
-    observation_interval_ms: int
-
-
-THROUGHPUT_SETTINGS = StackTimers(
+THROUGHPUT_SETTINGS = StackTasks(
     max_running=64,
     cancel_grace_ms=1000,
     supervisor_interval_ms=1000,

@@ -330,8 +330,8 @@ class EventRelay:
                     gaps.setdefault(missing, now)
             for i in ids:
                 gaps.pop(i, None)
-            for stored in events:
-                if stored.origin not in (None, rt.host_id):
+            for stored in events:  # other hosts' only (``skip_origin``)
+                if stored.origin is not None:  # a row from before origins were recorded: unknown
                     rt.hub.publish(stored.type, stored.at, stored.task)
             if fresh:
                 cursor = fresh[-1]

@@ -407,14 +407,21 @@ _EVENTS_AFTER = Direct(
     _events_with_tasks(EVENTS.c.id > sa.bindparam("sequence")).limit(sa.bindparam("limit")),
     returns=_EVENT_READ_COLUMNS,
 )
-# The same read's ids alone (no task documents: the index only).
+
+
+def _event_ids(after: ColumnElement[bool]) -> Any:
+    """The ids of the events matching ``after``, oldest first (no task documents: the index only)."""
+    return sa.select(EVENTS.c.id).where(after).order_by(EVENTS.c.id)
+
+
 _EVENT_IDS_AFTER = Direct(
-    sa.select(EVENTS.c.id)
-    .where(EVENTS.c.id > sa.bindparam("sequence"))
-    .order_by(EVENTS.c.id)
-    .limit(sa.bindparam("limit")),
-    returns=["id"],
+    _event_ids(EVENTS.c.id > sa.bindparam("sequence")).limit(sa.bindparam("limit")), returns=["id"]
 )
+
+
+def _past_cursor(sequence: int, again: list[int]) -> ColumnElement[bool]:
+    """A follower's read with gaps to look at again (an IN list of varying length, built per read)."""
+    return (EVENTS.c.id > sequence) | EVENTS.c.id.in_(again)
 
 
 def _task_values(task: Task, new: bool) -> dict[str, Any]:
@@ -944,8 +951,8 @@ class SchedulerStore:
         again = list(recheck)
 
         def work(s: Tx) -> tuple[list[int], list[StoredEvent]]:
-            if again:  # a follower's gaps: an IN list of varying length, built per read
-                rows = _rows(s, _events_with_tasks((EVENTS.c.id > sequence) | EVENTS.c.id.in_(again)).limit(limit))
+            if again:
+                rows = _rows(s, _events_with_tasks(_past_cursor(sequence, again)).limit(limit))
             else:
                 rows = _EVENTS_AFTER.rows(s, {"sequence": sequence, "limit": limit})
             picked = [
@@ -964,8 +971,7 @@ class SchedulerStore:
 
         def work(s: Tx) -> list[int]:
             if again:
-                after = (EVENTS.c.id > sequence) | EVENTS.c.id.in_(again)
-                return [r.id for r in _rows(s, sa.select(EVENTS.c.id).where(after).order_by(EVENTS.c.id).limit(limit))]
+                return [r.id for r in _rows(s, _event_ids(_past_cursor(sequence, again)).limit(limit))]
             return [r.id for r in _EVENT_IDS_AFTER.rows(s, {"sequence": sequence, "limit": limit})]
 
         # Its own transaction, never in a group: it must see only what has committed

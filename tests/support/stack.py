@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import grpc
 import httpx
@@ -297,6 +297,17 @@ def skill_file(path: Path) -> Path:
     out = path.parent / "assigned.json"
     path.write_text(json.dumps([{"note": SKILL_BODY_MARKER}, {"write_assignment": str(out)}]))
     return path
+
+
+class StackTasks(TypedDict, total=False):
+    """Some of the ``[tasks]`` settings ``make_stack`` takes as keywords, for a caller that keeps
+    them in a dict (``**`` of a plain ``dict[str, int]`` could be ``metrics`` or ``extra_config``
+    for all a type checker knows)."""
+
+    max_running: int
+    cancel_grace_ms: int
+    supervisor_interval_ms: int
+    observation_interval_ms: int
 
 
 def make_stack(data_dir: Path, metrics: bool = False, extra_config: str = "", **tasks: int) -> Stack:
