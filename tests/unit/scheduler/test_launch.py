@@ -55,12 +55,16 @@ async def test_the_attempt_is_committed_launching_before_the_fork_and_running_be
 
     async def spy_launching(task_id: str, plan: Any) -> Any:
         begun = await real_launching(task_id, plan)
+        assert begun is not None
         attempt = begun[2]
+        assert attempt is not None
         seen.append(("begin", attempt.state, attempt.pid, bool(attempt.token_hash)))
         return begun
 
-    async def spy_update(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
-        out = await real_update(task_id, change, event_type, at, attempt=attempt)
+    async def spy_update(
+        task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None, legacy_adoption: bool = False
+    ) -> Any:
+        out = await real_update(task_id, change, event_type, at, attempt=attempt, legacy_adoption=legacy_adoption)
         if attempt is not None and attempt.pid is not None:
             # Committed now; the launch has not gone on to the release yet.
             task, attempts = await h.engine.get_task(task_id)
@@ -103,11 +107,13 @@ async def test_a_cancel_committed_during_the_launch_keeps_the_held_worker_from_r
     store: SchedulerStore = h.engine.store
     real_update = store.update_task
 
-    async def cancelled_meanwhile(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+    async def cancelled_meanwhile(
+        task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None, legacy_adoption: bool = False
+    ) -> Any:
         if attempt is not None and attempt.pid is not None and attempt.state == "running":
             cancellation = Cancellation(requested_at=at, cause=domain.USER_CANCELED)
             await real_update(task_id, lambda t: domain.request_cancel(t, cancellation, at), "task.state_changed", at)
-        return await real_update(task_id, change, event_type, at, attempt=attempt)
+        return await real_update(task_id, change, event_type, at, attempt=attempt, legacy_adoption=legacy_adoption)
 
     store.update_task = cancelled_meanwhile  # type: ignore[method-assign]
     try:
@@ -135,16 +141,20 @@ async def test_a_shutdown_during_the_running_commit_never_runs_the_held_worker(t
     real_update = store.update_task
     at_commit, gate = asyncio.Event(), asyncio.Event()
 
-    async def commit_under_way(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+    async def commit_under_way(
+        task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None, legacy_adoption: bool = False
+    ) -> Any:
         if attempt is not None and attempt.pid is not None and attempt.state == "running":
             at_commit.set()
 
             async def lands_later() -> Any:
                 await gate.wait()
-                return await real_update(task_id, change, event_type, at, attempt=attempt)
+                return await real_update(
+                    task_id, change, event_type, at, attempt=attempt, legacy_adoption=legacy_adoption
+                )
 
             return await asyncio.shield(asyncio.ensure_future(lands_later()))
-        return await real_update(task_id, change, event_type, at, attempt=attempt)
+        return await real_update(task_id, change, event_type, at, attempt=attempt, legacy_adoption=legacy_adoption)
 
     store.update_task = commit_under_way  # type: ignore[method-assign]
     task = await h.create("marker")
@@ -193,10 +203,12 @@ async def test_a_failure_after_the_spawn_stops_the_tree(tmp_path: Path) -> None:
     store: SchedulerStore = h.engine.store
     real_update = store.update_task
 
-    async def failing(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+    async def failing(
+        task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None, legacy_adoption: bool = False
+    ) -> Any:
         if attempt is not None and attempt.state == "running":
             raise RuntimeError("the database went away")
-        return await real_update(task_id, change, event_type, at, attempt=attempt)
+        return await real_update(task_id, change, event_type, at, attempt=attempt, legacy_adoption=legacy_adoption)
 
     store.update_task = failing  # type: ignore[method-assign]
     try:
@@ -279,11 +291,13 @@ async def test_a_cancel_reaching_an_unfinished_launch_of_an_earlier_boot_stops_i
     real_update = store.update_task
     at_commit = asyncio.Event()
 
-    async def dies_before_running(task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None) -> Any:
+    async def dies_before_running(
+        task_id: str, change: Any, event_type: Any, at: int, attempt: Any = None, legacy_adoption: bool = False
+    ) -> Any:
         if attempt is not None and attempt.pid is not None:
             at_commit.set()
             await asyncio.Event().wait()  # the first incarnation goes no further
-        return await real_update(task_id, change, event_type, at, attempt=attempt)
+        return await real_update(task_id, change, event_type, at, attempt=attempt, legacy_adoption=legacy_adoption)
 
     store.update_task = dies_before_running  # type: ignore[method-assign]
     task = await first.create("sleeper")
