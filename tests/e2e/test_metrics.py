@@ -198,12 +198,14 @@ def test_task_streams_share_one_watch_and_send_slim_events(stack: Stack, api: Ap
             assert now[:2] == (subscribers + 3, watches + 1) and now[2] <= watchers + 1, (now, watchers)
             task = api.create("slim", profile="exit-at-once", instructions="long instructions " * 50)
             for frames in (first, second, third):
-                eventually(
-                    lambda frames=frames: any(
+
+                def completed(frames: list[dict[str, object]] = frames) -> bool:
+                    return any(
                         f["task"]["taskId"] == task["taskId"] and f["task"]["state"] == "completed"  # type: ignore[index]
                         for f in frames
                     )
-                )
+
+                eventually(completed)
             mine = [f["task"] for f in first if f["task"]["taskId"] == task["taskId"]]  # type: ignore[index]
             for snapshot in mine:
                 assert isinstance(snapshot, dict)

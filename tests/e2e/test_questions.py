@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 
+import httpx
 import pytest
 
 from taskgate.pending.v1 import pending_pb2 as ppb
@@ -27,7 +28,7 @@ def asking(api: Api, *questions: str, title: str = "asks") -> dict:
     )
 
 
-def answer(api: Api, task_id: str, question_id: str, text: str | None) -> object:
+def answer(api: Api, task_id: str, question_id: str, text: str | None) -> httpx.Response:
     body = {"questionId": question_id} | ({"answer": text} if text is not None else {})
     return api.request("POST", f"/tasks/{task_id}/answer", json=body)
 

@@ -16,7 +16,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 import psycopg
@@ -25,7 +25,7 @@ import pytest
 from libs import proctree
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 from taskgate.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.support.stack import Stack, make_stack
+from tests.support.stack import Stack, StackTasks, make_stack
 
 pytestmark = pytest.mark.postgres
 
@@ -33,7 +33,7 @@ LEASE_MS = 1500
 GRACE_MS = 1000
 
 
-def replica_stack(tmp_path: Path, postgres_url: str, replicas: int, **tasks: int) -> Stack:
+def replica_stack(tmp_path: Path, postgres_url: str, replicas: int, **tasks: Unpack[StackTasks]) -> Stack:
     stack = make_stack(tmp_path / "replicas", **tasks).use_postgresql(postgres_url)
     stack.add_scheduler_replicas(replicas - 1, lease_ms=LEASE_MS, grace_ms=GRACE_MS)
     stack.start()
@@ -50,7 +50,7 @@ def replica_stack(tmp_path: Path, postgres_url: str, replicas: int, **tasks: int
 def stack_of(tmp_path: Path, postgres_url: str) -> Iterator[Any]:
     started: list[Stack] = []
 
-    def start(replicas: int, **tasks: int) -> Stack:
+    def start(replicas: int, **tasks: Unpack[StackTasks]) -> Stack:
         started.append(replica_stack(tmp_path, postgres_url, replicas, **tasks))
         return started[-1]
 

@@ -104,13 +104,13 @@ def main() -> int:
             Path(arg).write_text(str(os.getpid()))
         elif action == "grandchild":
             # sh forks sleep: a grandchild in the worker's own process group.
-            child = subprocess.Popen(["sh", "-c", f"sleep {arg['seconds']}; :"])
-            _wait_for_child_of(child.pid)
-            Path(arg["pid_file"]).write_text(str(child.pid))
+            proc = subprocess.Popen(["sh", "-c", f"sleep {arg['seconds']}; :"])
+            _wait_for_child_of(proc.pid)
+            Path(arg["pid_file"]).write_text(str(proc.pid))
         elif action == "escape":
             # A child in a new session: it leaves the worker's process group.
-            child = subprocess.Popen(["sleep", str(arg["seconds"])], start_new_session=True)
-            Path(arg["pid_file"]).write_text(str(child.pid))
+            proc = subprocess.Popen(["sleep", str(arg["seconds"])], start_new_session=True)
+            Path(arg["pid_file"]).write_text(str(proc.pid))
         elif action == "burn":
             end = time.monotonic() + arg
             while time.monotonic() < end:

@@ -215,6 +215,7 @@ async def test_on_postgresql_a_revocation_counts_once_its_notification_has_arriv
     assert await store.authenticate(secret) is None
     # A removed membership, the same way; a change to another table forgets nothing.
     ticket = store.cache.ticket()
+    assert ticket is not None  # the listener is connected
     pg_execute(pg_db, "INSERT INTO channel_bindings VALUES ('tg', '1', '', 'agent-1', 'cli-1', 0)")
     pg_execute(pg_db, "DELETE FROM memberships WHERE session_id = 'cli-1'")
     await eventually(lambda: store.cache.ticket() != ticket)

@@ -196,9 +196,12 @@ async def test_each_create_is_answered_and_refused_as_its_create_task_call_would
     async with served_scheduler(tmp_path) as (_, stub):
         batches = CreateBatches(stub)
         good, bad = create("fine", profile="w"), create("bad", profile="nope")
-        answered, refused = await asyncio.gather(
+        # Named before it is unpacked: mypy cannot type an awaited gather's (Any | BaseException)
+        # results unpacked in one statement ("Cannot determine type").
+        outcomes = await asyncio.gather(
             batches.create(good, "r-1", 10), batches.create(bad, "r-2", 10), return_exceptions=True
         )
+        answered, refused = outcomes
         assert isinstance(answered, pb.CreateTaskResponse) and answered.task.title == "fine"
         assert answered.task.state == pb.TASK_STATE_QUEUED
         assert isinstance(refused, grpc.aio.AioRpcError)

@@ -220,7 +220,7 @@ async def test_the_first_fast_answer_is_timed_under_its_route_template(pair: Pai
 
     def count(method: str, status: str) -> float:
         labels = {"method": method, "route": "/api/v1/agents/{agentId}/sessions/{sessionId}/tasks", "status": status}
-        samples = HTTP_DURATION.collect()[0].samples
+        samples = list(HTTP_DURATION.collect())[0].samples
         return sum(s.value for s in samples if s.name.endswith("_count") and s.labels == labels)
 
     before = count("POST", "201"), count("GET", "200")

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from starlette.types import Message
 
 from gateway_http.sse import BoundedEventStream
 
@@ -43,13 +44,13 @@ async def test_the_source_is_closed_even_when_the_response_is_cancelled_again_wh
     source = SlowToStopSource()
     response = BoundedEventStream(source, buffer_frames=8, heartbeat_s=30, still_allowed=allowed, recheck_s=30)
     disconnect = asyncio.Event()
-    sent: list[dict[str, Any]] = []
+    sent: list[Message] = []
 
     async def receive() -> dict[str, Any]:
         await disconnect.wait()
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
     call = asyncio.create_task(response({"type": "http", "method": "GET"}, receive, send))
@@ -74,6 +75,12 @@ class TakingOverSource:
         self.queue.put_nowait(b"data: one\n\n")
         self.sent_at = 0.0
         self.closed = False
+
+    def __aiter__(self) -> TakingOverSource:
+        return self
+
+    async def __anext__(self) -> bytes:
+        raise AssertionError("unreachable: its frames go through its queue")
 
     def take_over(self, transport: asyncio.Transport) -> asyncio.Event | None:
         return None
@@ -106,7 +113,7 @@ async def test_a_taken_over_stream_closes_its_source_even_when_cancelled_again_w
         await disconnect.wait()
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         if message["type"] == "http.response.body":
             writing.set()
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 
 import pytest
@@ -46,7 +47,7 @@ async def test_work_whose_caller_stopped_waiting_before_it_began_is_skipped() ->
 async def test_close_runs_what_is_queued_then_refuses_new_work() -> None:
     threads = DatabaseThreads(2)
     done: list[int] = []
-    pending = [asyncio.ensure_future(threads.run(lambda i=i: done.append(i))) for i in range(10)]
+    pending = [asyncio.ensure_future(threads.run(functools.partial(done.append, i))) for i in range(10)]
     await asyncio.sleep(0)  # all queued
     await asyncio.to_thread(threads.close)
     assert sorted(done) == list(range(10))

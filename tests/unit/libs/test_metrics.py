@@ -42,7 +42,7 @@ async def test_a_scrape_gauge_is_computed_on_the_loop_at_each_scrape() -> None:
 
 async def test_a_scrape_gauge_serves_its_last_values_when_the_loop_does_not_answer() -> None:
     loop = asyncio.get_running_loop()
-    answers = [{(): 7.0}]
+    answers: list[dict[tuple[str, ...], float]] = [{(): 7.0}]
 
     async def fetch() -> dict[tuple[str, ...], float]:
         if not answers:

@@ -20,7 +20,9 @@ def comm(native_id: int) -> str:
 @pytest.fixture
 def main_name() -> Iterator[str]:
     """The main thread's kernel name, put back after the test."""
-    before = comm(threading.main_thread().native_id)
+    native_id = threading.main_thread().native_id
+    assert native_id is not None  # started: it has one
+    before = comm(native_id)
     yield before
     name_os_thread(before)
 

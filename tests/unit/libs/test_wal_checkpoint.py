@@ -30,6 +30,7 @@ def test_the_pages_read_from_the_wal_index_are_sqlites_own_count(tmp_path: Path)
     conn.execute("CREATE TABLE t (x)")
     write_rows(conn, 200)
     pending = wal_checkpoint.pending_pages(tmp_path / "t.db-shm")
+    assert pending is not None
     other = sqlite3.connect(path, isolation_level=None)
     ((busy, frames, copied),) = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
     assert busy == 0 and pending == frames == copied and pending > 200

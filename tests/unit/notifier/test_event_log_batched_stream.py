@@ -63,6 +63,7 @@ async def kinds_by_task(store: NotifierStore, session: str = "s") -> dict[str, l
     _, items = await store.list_notifications("a", session, None, 0, 100)
     found: dict[str, list[Kind]] = {}
     for n in items:
+        assert n.task_id is not None  # every notification here is about a task
         found.setdefault(n.task_id, []).append(n.kind)
     return found
 

@@ -19,7 +19,7 @@ from sqlalchemy import text
 from libs.clock import SystemClock
 from libs.db import Database
 from services.notifier.domain import Attempt as DeliveryAttempt
-from services.notifier.domain import Backoff, ConversationEvent, Kind, Message, Notification, Response
+from services.notifier.domain import Backoff, ConversationEvent, Kind, Message, Notification, Outcome, Response
 from services.notifier.retention import (
     ConversationRetention,
     ConversationsPrunedTotal,
@@ -273,7 +273,8 @@ async def test_notifications_done_with_go_with_their_attempts_and_the_conversati
         store = NotifierStore(db)
         backoff = Backoff(initial_ms=10, max_ms=10)
         failed, delivered = (
-            DeliveryAttempt(at=1100, outcome=o, http_status=c) for o, c in (("failed", 500), ("delivered", 200))
+            DeliveryAttempt(at=1100, outcome=o, http_status=c)
+            for o, c in ((Outcome.FAILED, 500), (Outcome.DELIVERED, 200))
         )
         await store.enqueue(note(1, 1000, channel=None), tid(201))  # no channel: delivered to the conversation at once
         await store.enqueue(note(2, 1000), tid(202))  # still being retried: kept

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect, text
@@ -24,7 +25,7 @@ from services.scheduler.store import SchedulerStore, TaskRow
 from taskgate.scheduler.v1 import scheduler_pb2 as pb
 
 
-def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000, **kw: object) -> Task:
+def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000, **kw: Any) -> Task:
     return Task(
         task_id=task_id,
         agent_id="a",
@@ -36,7 +37,7 @@ def make_task(task_id: str, state: State = State.QUEUED, created_at: int = 1000,
         created_at=created_at,
         updated_at=created_at,
         **kw,
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_migrations_are_applied_once(db_url: str) -> None:
@@ -427,7 +428,9 @@ async def test_a_group_commit_keeps_each_change_whole_and_a_refused_one_out(sche
         task, attempts = await store.task_with_attempts(task_id)
         assert task.state == (State.QUEUED if i == 7 else State.RUNNING)
     with scheduler_db.engine.connect() as conn:
-        per_task = dict(conn.execute(text("SELECT task_id, COUNT(*) FROM task_events GROUP BY task_id")).all())
+        per_task: dict[str, int] = dict(
+            conn.execute(text("SELECT task_id, COUNT(*) FROM task_events GROUP BY task_id")).all()
+        )
     # The refused change left no event behind; every other task has its creation and its start.
     assert per_task[ids[7]] == 1
     assert all(per_task[t] == 2 for t in ids if t != ids[7])

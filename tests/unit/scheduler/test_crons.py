@@ -219,7 +219,8 @@ async def test_a_manual_run_ends_with_its_tasks_outcome(sqlite_harness: CronHarn
     ended = {r.run_id: r for r in await h.engine.crons.settle_once()}
     assert ended[ok.run_id].outcome == "completed" and ended[ok.run_id].failure is None
     assert ended[failed.run_id].outcome == "failed"
-    assert ended[failed.run_id].failure is not None and ended[failed.run_id].failure.code == "WORKER_EXITED"
+    failure = ended[failed.run_id].failure
+    assert failure is not None and failure.code == "WORKER_EXITED"
     # Ended once: a second pass (another replica's) changes nothing.
     assert await h.engine.crons.settle_once() == []
     task = await h.engine.store.get_task(ok.task_ids[0])

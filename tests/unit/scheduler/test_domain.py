@@ -229,6 +229,7 @@ def test_the_resume_cap_counts_per_revision() -> None:
     assert task.restart_resume and (task.restart_resume.count, task.restart_resume.revision) == (0, 2)
     for expected in (1, 2, 3):
         task = domain.resume_after_interruption(task, T0 + 7, "restart")
+        assert task.restart_resume is not None
         assert task.state == State.QUEUED and task.restart_resume.count == expected
         assert task.restart_resume.revision == 2
         task.state = State.RUNNING

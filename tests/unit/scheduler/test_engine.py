@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -87,15 +88,15 @@ class Harness:
 def make_settings(
     tmp_path: Path, addr: str, workers: dict[str, WorkerProfile] | None = None, **tasks: object
 ) -> Settings:
-    task_settings = TaskSettings(
-        **{
-            "cancel_grace_ms": 300,
-            "cleanup_confirm_ms": 1000,
-            "max_running": 4,
-            "supervisor_interval_ms": 3_600_000,
-            **tasks,
-        }
-    )
+    # Validated by TaskSettings itself (a test may pass any of its fields).
+    values: dict[str, Any] = {
+        "cancel_grace_ms": 300,
+        "cleanup_confirm_ms": 1000,
+        "max_running": 4,
+        "supervisor_interval_ms": 3_600_000,
+        **tasks,
+    }
+    task_settings = TaskSettings(**values)
     return Settings(
         data_dir=tmp_path,
         scheduler_addr=addr,

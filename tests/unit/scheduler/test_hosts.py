@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -193,10 +193,10 @@ async def test_a_claim_passes_over_the_tasks_it_is_told_to_skip_and_stops_at_its
 
 
 @pytest.fixture
-async def pg_db(postgres_url: str) -> Database:
+async def pg_db(postgres_url: str) -> AsyncIterator[Database]:
     db = Database(fresh_database(postgres_url, "hosts"), MIGRATIONS)
     db.migrate()
-    yield db  # type: ignore[misc]
+    yield db
     db.close()
 
 
@@ -262,8 +262,8 @@ async def test_a_watcher_that_subscribes_during_an_ids_only_read_gets_the_events
     ids_after = here.event_ids_after
     with contextlib.ExitStack() as stack:
 
-        async def subscribing(*args: Any) -> list[int]:
-            ids = await ids_after(*args)
+        async def subscribing(sequence: int, limit: int, recheck: Iterable[int] = ()) -> list[int]:
+            ids = await ids_after(sequence, limit, recheck)
             if not rt.hub.subscriber_count:
                 stack.enter_context(rt.hub.subscribe(lambda _t: True))
             return ids
@@ -309,7 +309,8 @@ async def test_a_sweep_marks_a_lost_hosts_tasks_and_releases_what_it_never_launc
     after = {t.task_id: t for t in await survivor.tasks_in_states(list(State))}
     for t in (running, launching):  # a worker may live there: never re-run elsewhere
         assert after[t.task_id].state == State.NEEDS_RECONCILIATION
-        assert after[t.task_id].failure is not None and after[t.task_id].failure.code == FailureCode.HOST_LOST
+        failure = after[t.task_id].failure
+        assert failure is not None and failure.code == FailureCode.HOST_LOST
         assert after[t.task_id].owner_host == "lost"
     assert after[claimed.task_id].state == State.QUEUED and after[claimed.task_id].owner_host is None
     assert await survivor.claim_queued(5, (), any_owner=False) == [claimed.task_id]

@@ -5,6 +5,7 @@ the way a shutdown re-queue resumes it — and only then."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -120,7 +121,7 @@ async def test_a_crash_between_the_claim_and_the_requeue_is_repaired_by_the_next
     store = first.engine.store
     requeue = store.update_task
 
-    async def killed(*args: object, **kwargs: object) -> None:
+    async def killed(*args: object, **kwargs: object) -> NoReturn:
         raise RuntimeError("the scheduler died before the re-queue committed")
 
     store.update_task = killed  # type: ignore[method-assign]

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def attempt_for(pid: int | None, start_time: int | None, pgid: int | None = None
 
 
 @pytest.fixture
-def sleeper() -> subprocess.Popen[bytes]:
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
     yield proc
     if proc.poll() is None:

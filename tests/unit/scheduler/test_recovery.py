@@ -10,13 +10,16 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import cast
 
 from libs.db import Database
 from libs.proctree import ProcStat, identity_matches, live_group_members, process_table
 from libs.settings import WorkerProfile
 from services.scheduler import subreaper
 from services.scheduler.domain import Failure, PendingOutcome, State, Task
+from services.scheduler.events import TaskEvent
 from services.scheduler.store import MIGRATIONS, SchedulerStore
 from tests.unit.scheduler.test_engine import Harness, group_alive, running, start_harness
 
@@ -246,7 +249,8 @@ async def test_a_watcher_drops_an_event_older_than_what_it_already_sent(tmp_path
     h = await start_harness(tmp_path)
     try:
         task = await h.create("sleeper")
-        watch = h.engine.watch_task(task.task_id)
+        # An async generator (Watchers.watch_task), typed as the iterator the engine hands out.
+        watch = cast(AsyncGenerator[TaskEvent, None], h.engine.watch_task(task.task_id))
         snapshot = await anext(watch)
         v = snapshot.task.version
         # Publishes of two commits arriving out of order (two database threads), then a later one.

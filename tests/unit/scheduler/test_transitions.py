@@ -132,6 +132,7 @@ def test_settle_requeues_as_a_resume_or_ends(clock: FakeClock) -> None:
     assert task.restart_resume == RestartResume(count=1, revision=1, pending=True, last_progress="half way")
     cancelled = make_task(State.CANCEL_REQUESTED, cancellation=Cancellation(requested_at=T0, cause="x"))
     assert domain.settle(cancelled, PendingOutcome(state=State.CANCELLED), clock.advance(5))
+    assert cancelled.cancellation is not None
     assert cancelled.state == State.CANCELLED and cancelled.cancellation.cleanup == "confirmed"
     assert not domain.settle(cancelled, domain.interrupted_outcome(), clock.advance(5))
     assert cancelled.state == State.CANCELLED
@@ -153,6 +154,7 @@ def test_an_unconfirmed_stop_keeps_its_outcome_for_retry(clock: FakeClock) -> No
     assert domain.mark_unconfirmed(task, outcome, "pid 7 survives", clock.advance(3))
     assert task.state == State.NEEDS_RECONCILIATION and task.pending_outcome == outcome
     assert task.failure and task.failure.code == FailureCode.CLEANUP_UNCONFIRMED and task.failure.retryable
+    assert task.cancellation is not None
     assert "pid 7 survives" in task.failure.message and task.cancellation.cleanup == "unconfirmed"
     # Proven later: the kept outcome happens and the marks are cleared.
     assert domain.settle(task, task.pending_outcome, clock.advance(3))
@@ -184,6 +186,7 @@ def test_cancel_rules(clock: FakeClock) -> None:
     assert not domain.cancel_is_noop(make_task(State.QUEUED))
     cancellation = Cancellation(requested_at=clock.now, cause="paused")
     queued = domain.cancel_at_once(make_task(State.QUEUED), cancellation, clock.advance(1))
+    assert queued.cancellation is not None
     assert queued.state == State.CANCELLED and queued.cancellation.cleanup == "confirmed"
     running = domain.request_cancel(make_task(State.RUNNING), cancellation, clock.advance(1))
     assert running.state == State.CANCEL_REQUESTED and running.updated_at == clock.now
