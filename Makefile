@@ -96,7 +96,7 @@ proto-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy libs services gateway_http bench tests/support
+	$(PY) -m mypy libs services gateway_http bench tests
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache $(HOLD) $(SPAWN)
