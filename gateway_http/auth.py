@@ -14,7 +14,6 @@ from gateway_http.errors import ApiError
 from gateway_http.schemas import AgentIdPath, SessionIdPath
 from gateway_http.sse import frame
 from gateway_http.store import ApiKey, GatewayStore
-from libs.ids import ID_PATTERN
 from libs.settings import Settings
 
 MAX_KEY_CHARS = 200
@@ -47,12 +46,6 @@ async def api_key(
 
 
 KeyDep = Annotated[ApiKey, Depends(api_key)]
-
-
-def check_id(kind: str, value: str) -> str:
-    if not ID_PATTERN.fullmatch(value):
-        raise ApiError(400, "INVALID_ID", f"{kind} must be 1-128 characters of letters, digits, '.', '_', ':' or '-'")
-    return value
 
 
 async def require_member(request: Request, key: ApiKey, agent_id: str, session_id: str) -> None:

@@ -34,12 +34,6 @@ EVENT_TYPE_TO_PB = {
 }
 
 
-def tool_to_pb(event: ToolEvent) -> pb.ToolEvent:
-    msg = pb.ToolEvent()
-    _fill_tool(msg, event)
-    return msg
-
-
 def _fill_tool(msg: pb.ToolEvent, event: ToolEvent) -> None:
     msg.name = event.name
     msg.status = TOOL_STATUS_TO_PB[event.status]

@@ -1333,10 +1333,6 @@ class HostSummary:
     def lease_live(self, now: int) -> bool:
         return self.lease_expires_at is not None and self.lease_expires_at >= now
 
-    @property
-    def holds_tasks(self) -> bool:
-        return bool(self.queued or self.active or self.needs_reconciliation)
-
 
 def validate_host_id(host_id: str) -> None:
     if not host_id or len(host_id) > 128 or any(c.isspace() or not c.isprintable() for c in host_id):
