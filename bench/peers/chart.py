@@ -16,13 +16,13 @@ matplotlib.use("Agg")  # files only, no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.comparison import TARGET_TASKS_PER_S, TASKGATE, Comparison, SystemResult  # noqa: E402
+from bench.comparison import TARGET_TASKS_PER_S, Comparison, SystemResult, is_taskgate  # noqa: E402
 
 TASKGATE_COLOR, PEER_COLOR, FLOOR_COLOR = "#d62728", "#1f77b4", "#7f7f7f"
 
 
 def color(s: SystemResult) -> str:
-    if s.key == TASKGATE:
+    if is_taskgate(s.key):
         return TASKGATE_COLOR
     return FLOOR_COLOR if s.key.startswith("spawn-floor") else PEER_COLOR
 

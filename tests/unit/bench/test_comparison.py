@@ -14,6 +14,7 @@ from bench.compare_peers import result_from_file
 from bench.comparison import (
     SPAWN_SEQUENTIAL,
     TASKGATE,
+    TASKGATE_BACKLOG,
     Comparison,
     RoundFigures,
     SystemResult,
@@ -80,6 +81,31 @@ def test_ratios_and_targets_against_the_issue() -> None:
     assert targets["vs Celery"].met is True  # 0.67 >= 0.6
     assert targets["vs sequential spawn floor"].met is True  # 0.5 >= 0.45
     assert targets["scheduler CPU per task"].met is False and targets["scheduler CPU per task"].measured == 8.0
+
+
+def test_the_backlog_run_is_judged_against_procrastinate_apart_and_is_no_peer() -> None:
+    comparison = Comparison(
+        systems=(
+            system(TASKGATE, [600.0], scheduler_cpu_ms_per_task=0.9),
+            system(TASKGATE_BACKLOG, [780.0]),
+            system("procrastinate", [650.0]),
+        )
+    )
+    # taskgate's own ratios leave its other run out; the backlog run has its own.
+    assert comparison.ratios() == {"procrastinate": 600.0 / 650.0}
+    assert comparison.ratios(TASKGATE_BACKLOG) == {"procrastinate": 1.2}
+    targets = {t.name: t for t in comparison.targets()}
+    assert targets["above procrastinate"].met is False
+    assert targets["above procrastinate, with a backlog"].met is True
+    assert targets["above procrastinate, with a backlog"].measured == 1.2
+    table = markdown_table(comparison).splitlines()
+    assert "| 780.0 |" in table[3] and "| — |" in table[3]  # no "taskgate ÷ itself"
+    assert "| 0.92× |" in table[4]
+    lines = list(summary_lines(comparison))
+    assert not any("taskgate/this" in line for line in lines[:4])  # taskgate's two runs
+    # Without the backlog run there is no such target (older results.json files).
+    without = Comparison(systems=(system(TASKGATE, [600.0]), system("procrastinate", [650.0])))
+    assert "above procrastinate, with a backlog" not in {t.name for t in without.targets()}
 
 
 def test_targets_without_the_figures_they_need_are_unknown() -> None:
