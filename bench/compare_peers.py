@@ -97,13 +97,16 @@ def progress(message: str) -> None:
     print(message, flush=True)
 
 
+# bench_tasks.py's arguments for each of taskgate's runs, beside its size (the round's and the
+# reproducing command's alike).
+TASKGATE_RUN_ARGS = {TASKGATE: [], TASKGATE_BACKLOG: ["--creates-in-flight", str(BACKLOG_CREATES_IN_FLIGHT)]}
+
+
 def reproduce(key: str, n: int, rounds: int) -> str:
-    if key == TASKGATE:
-        return f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds}"
-    if key == TASKGATE_BACKLOG:
-        return (
-            f".venv/bin/python bench/bench_tasks.py --throughput {n} --rounds {rounds}"
-            f" --creates-in-flight {BACKLOG_CREATES_IN_FLIGHT}"
+    if is_taskgate(key):
+        return shlex.join(
+            [".venv/bin/python", "bench/bench_tasks.py", "--throughput", str(n), "--rounds", str(rounds)]
+            + TASKGATE_RUN_ARGS[key]
         )
     return f"make bench-peers BENCH_ARGS='--only {key} --n {n} --rounds {rounds}'"
 
@@ -224,14 +227,10 @@ def round_runners(
     runners: dict[str, Callable[[], tuple[RoundFigures, str]] | str] = {
         SPAWN_SEQUENTIAL: lambda: (asyncio.run(spawn_round(n, 1)), python),
         SPAWN_PARALLEL: lambda: (asyncio.run(spawn_round(n, 8)), python),
-        TASKGATE: partial(run_runner, TASKGATE, [sys.executable, "bench/bench_tasks.py"], n, workdir),
-        TASKGATE_BACKLOG: partial(
-            run_runner,
-            TASKGATE_BACKLOG,
-            [sys.executable, "bench/bench_tasks.py", "--creates-in-flight", str(BACKLOG_CREATES_IN_FLIGHT)],
-            n,
-            workdir,
-        ),
+        **{
+            key: partial(run_runner, key, [sys.executable, "bench/bench_tasks.py", *args], n, workdir)
+            for key, args in TASKGATE_RUN_ARGS.items()
+        },
     }
     missing_peers = f"the peers' environment is missing ({peers}); `make bench-peers` creates it"
     for key in ("huey", "procrastinate", "celery"):

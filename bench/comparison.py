@@ -190,26 +190,18 @@ class Comparison:
             return None if value is None else value >= bound
 
         procrastinate = self.rate("procrastinate")
-        backlog = self.rate(TASKGATE_BACKLOG)
-        above_with_backlog = []
-        if self.get(TASKGATE_BACKLOG) is not None:
-            above_with_backlog = [
-                Target(
-                    "above procrastinate, with a backlog",
-                    "> 1.0x procrastinate",
-                    self.ratios(TASKGATE_BACKLOG).get("procrastinate"),
-                    None if backlog is None or procrastinate is None else backlog > procrastinate,
-                )
-            ]
+
+        def above_procrastinate(name: str, own_key: str) -> Target:
+            rate = self.rate(own_key)
+            met = None if rate is None or procrastinate is None else rate > procrastinate
+            return Target(name, "> 1.0x procrastinate", self.ratios(own_key).get("procrastinate"), met)
+
+        # The backlog run's own target only where it ran (results.json files before it have none).
+        with_backlog = self.get(TASKGATE_BACKLOG) is not None
         return [
             Target("tasks/s", f">= {TARGET_TASKS_PER_S:g}/s", own, at_least(own, TARGET_TASKS_PER_S)),
-            Target(
-                "above procrastinate",
-                "> 1.0x procrastinate",
-                ratios.get("procrastinate"),
-                None if own is None or procrastinate is None else own > procrastinate,
-            ),
-            *above_with_backlog,
+            above_procrastinate("above procrastinate", TASKGATE),
+            *([above_procrastinate("above procrastinate, with a backlog", TASKGATE_BACKLOG)] if with_backlog else []),
             Target(
                 "vs Celery",
                 f">= {TARGET_CELERY_RATIO:g}x Celery",
